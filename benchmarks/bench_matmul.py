@@ -1,0 +1,105 @@
+"""jax_cluster.matmul against XLA's dot under jax.jit, side by side on one GPU.
+
+Device time comes from CUPTI, so launch overhead does not distort small
+shapes. Prints a table and writes JSON and a PNG chart.
+
+    python benchmarks/bench_matmul.py --out benchmarks/results/h200
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import sys
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import common  # noqa: E402
+import jax_cluster  # noqa: E402
+
+SUITE = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 14336, 4096), (8192, 4096, 14336),
+         (8192, 6144, 4096), (8192, 28672, 8192), (2304, 2304, 16384), (4352, 4352, 8192),
+         (1536, 1536, 32768), (8448, 8448, 4096), (128, 8192, 8192), (256, 28672, 8192),
+         (64, 4096, 4096), (16, 14336, 4096)]
+
+
+def xla_dot(a, b):
+    return jnp.dot(a, b, preferred_element_type=a.dtype)
+
+
+def bench_shape(m, n, k, dtype, iterations):
+    keys = jax.random.split(jax.random.key(m * 131 + n * 7 + k), 64)
+    sets = common.rotation((m * k + k * n + m * n) * jnp.dtype(dtype).itemsize)
+    args = [(common.randn(keys[2 * i], (m, k), dtype), common.randn(keys[2 * i + 1], (k, n), dtype))
+            for i in range(sets)]
+    ours = jax.jit(jax_cluster.matmul)(*args[0])
+    ref = jax.jit(xla_dot)(*args[0])
+    err = float(jnp.linalg.norm(ours.astype(jnp.float32) - ref.astype(jnp.float32))
+                / jnp.linalg.norm(ref.astype(jnp.float32)))
+    t_xla = common.device_ms(xla_dot, args, iterations)
+    t_ours = common.device_ms(jax_cluster.matmul, args, iterations)
+    plan = jax_cluster.plan(m, n, k, dtype=dtype)
+    flops = 2 * m * n * k
+    return {"m": m, "n": n, "k": k, "dtype": jnp.dtype(dtype).name,
+            "xla_ms": t_xla, "jax_cluster_ms": t_ours,
+            "xla_tflops": flops / t_xla / 1e9, "jax_cluster_tflops": flops / t_ours / 1e9,
+            "ratio": t_xla / t_ours, "rel_err_vs_xla": err, "rotated_input_sets": sets,
+            "plan": {"path": plan.path, "variant": plan.variant, "schedule": plan.schedule,
+                     "raster": plan.raster, "swizzle": plan.swizzle, "waves": plan.waves,
+                     "max_active_clusters": plan.max_active_clusters, "reason": plan.reason}}
+
+
+def plot(payload, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = payload["rows"]
+    labels = [f"{r['m']}x{r['n']}x{r['k']}" for r in rows]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.9), 5))
+    ax.bar([i - 0.2 for i in x], [r["xla_tflops"] for r in rows], 0.4, label="XLA dot")
+    ax.bar([i + 0.2 for i in x], [r["jax_cluster_tflops"] for r in rows], 0.4, label="jax_cluster")
+    for i, r in enumerate(rows):
+        ax.annotate(f"{r['ratio']:.2f}x", (i + 0.2, r["jax_cluster_tflops"]), ha="center",
+                    va="bottom", fontsize=7)
+    ax.set_xticks(list(x), labels, rotation=45, ha="right", fontsize=8)
+    ax.set_ylabel("TFLOP/s (device time, CUPTI)")
+    ax.set_title(f"matmul bf16 on {payload['device']} (jax {payload['jax_version']})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--shapes", type=str, default="", help="MxNxK,... (default: the suite)")
+    args = parser.parse_args()
+    suite = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+             if args.shapes else SUITE)
+    rows = []
+    print(f"{'shape':>22} {'XLA TF/s':>9} {'ours TF/s':>9} {'ratio':>6}  plan")
+    for m, n, k in suite:
+        r = bench_shape(m, n, k, jnp.bfloat16, args.iterations)
+        rows.append(r)
+        p = r["plan"]
+        print(f"{m:>6}x{n:>6}x{k:>6} {r['xla_tflops']:9.1f} {r['jax_cluster_tflops']:9.1f} "
+              f"{r['ratio']:6.2f}  {p['path']} {p['variant']} {p['schedule']} err={r['rel_err_vs_xla']:.1e}",
+              flush=True)
+    ratios = [r["ratio"] for r in rows]
+    big = [r["ratio"] for r in rows if r["m"] >= 1536]
+    payload = {"device": common.device_name(), "jax_version": jax.__version__,
+               "info": str(jax_cluster.info()), "rows": rows,
+               "geomean_ratio": statistics.geometric_mean(ratios),
+               "min_ratio_m_ge_1536": min(big) if big else None}
+    print(f"geomean ratio {payload['geomean_ratio']:.3f}; min ratio (M>=1536) "
+          f"{payload['min_ratio_m_ge_1536']}")
+    for path in common.write_results(args.out, "matmul_bf16", payload, plot):
+        print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()

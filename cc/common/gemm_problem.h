@@ -1,0 +1,51 @@
+// The kernel-facing description of one GEMM launch: no XLA, no Python.
+// D[l] = A[l] * B[l] for l < batch, all operands packed; A is [M,K] (k_major)
+// or [K,M]; B is [N,K] (k_major) or [K,N]; D is [M,N] row-major.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace jax_cluster {
+
+enum class Schedule : int { kStatic = 0, kStreamK = 1, kSplitK = 2 };
+enum class Raster : int { kAlongM = 0, kAlongN = 1 };
+
+struct GemmProblem {
+  int m = 0, n = 0, k = 0, batch = 1;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* d = nullptr;
+};
+
+// Runtime choices the compiled variant leaves open; all come from the Plan.
+struct LaunchChoices {
+  Schedule schedule = Schedule::kStatic;
+  int splits = 1;
+  Raster raster = Raster::kAlongN;
+  int swizzle = 1;
+};
+
+// Facts about the device the launch runs on, queried once per device.
+struct DeviceSlots {
+  int device_id = 0;
+  int sm_count = 0;
+  int max_active_clusters = 0;
+};
+
+// Entry points every compiled variant provides (generated from the menu).
+struct VariantOps {
+  // Bytes of scratch the launch needs; 0 if none.
+  size_t (*workspace_size)(const GemmProblem&, const LaunchChoices&,
+                           const DeviceSlots&);
+  // nullptr on success, otherwise a static message naming the failure.
+  const char* (*run)(const GemmProblem&, const LaunchChoices&,
+                     const DeviceSlots&, void* workspace, size_t workspace_bytes,
+                     cudaStream_t stream);
+  // cudaOccupancyMaxActiveClusters for this kernel on `device_id`.
+  int (*max_active_clusters)(int device_id);
+};
+
+}  // namespace jax_cluster

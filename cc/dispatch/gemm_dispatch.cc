@@ -1,0 +1,110 @@
+#include "dispatch/gemm_dispatch.h"
+
+#include <map>
+#include <mutex>
+#include <string_view>
+
+#include "dispatch/device_slots.h"
+
+namespace jax_cluster {
+namespace {
+
+std::string mismatch(const char* field, int64_t plan, int64_t menu) {
+  return "plan." + std::string(field) + " = " + std::to_string(plan) +
+         " but variant has " + std::to_string(menu);
+}
+
+bool lists(std::string_view csv, std::string_view item) {
+  while (!csv.empty()) {
+    size_t comma = csv.find(',');
+    if (csv.substr(0, comma) == item) return true;
+    if (comma == std::string_view::npos) break;
+    csv.remove_prefix(comma + 1);
+  }
+  return false;
+}
+
+bool arch_runs_on(std::string_view arch, int major, int minor) {
+  if (arch == "sm90a") return major == 9 && minor == 0;
+  if (arch == "sm100a") return major == 10 && (minor == 0 || minor == 3);
+  return false;
+}
+
+struct CachedFacts {
+  bool ok;
+  DeviceFacts facts;
+};
+
+const CachedFacts& facts_for(int device_id) {
+  static std::mutex mu;
+  static std::map<int, CachedFacts> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(device_id);
+  if (it == cache.end()) {
+    CachedFacts entry{};
+    entry.ok = device_facts(device_id, &entry.facts);
+    it = cache.emplace(device_id, entry).first;
+  }
+  return it->second;
+}
+
+}  // namespace
+
+std::string resolve_plan(const Plan& plan, Dispatch* out) {
+  const VariantEntry* v = find_variant(plan.variant);
+  if (v == nullptr)
+    return "plan.variant '" + std::string(plan.variant) + "' is not compiled into this build";
+  if (plan.arch != v->arch)
+    return "plan.arch '" + std::string(plan.arch) + "' but variant is " + v->arch;
+  if (plan.tile_m != v->tile_m) return mismatch("tile_m", plan.tile_m, v->tile_m);
+  if (plan.tile_n != v->tile_n) return mismatch("tile_n", plan.tile_n, v->tile_n);
+  if (plan.tile_k != v->tile_k) return mismatch("tile_k", plan.tile_k, v->tile_k);
+  if (plan.cluster_m != v->cluster_m) return mismatch("cluster_m", plan.cluster_m, v->cluster_m);
+  if (plan.cluster_n != v->cluster_n) return mismatch("cluster_n", plan.cluster_n, v->cluster_n);
+  if (plan.stages != v->stages) return mismatch("stages", plan.stages, v->stages);
+  if (plan.mma != v->mma) return "plan.mma '" + std::string(plan.mma) + "' but variant is " + v->mma;
+  if (!lists(v->schedules, plan.schedule))
+    return "plan.schedule '" + std::string(plan.schedule) + "' is not one of " + v->schedules;
+
+  LaunchChoices& c = out->choices;
+  c.schedule = plan.schedule == "stream_k" ? Schedule::kStreamK
+               : plan.schedule == "split_k" ? Schedule::kSplitK
+                                            : Schedule::kStatic;  // static and clc
+  if (plan.splits < 1 || plan.splits > 64) return "plan.splits must be in [1, 64]";
+  if (c.schedule != Schedule::kSplitK && plan.splits != 1)
+    return "plan.splits must be 1 unless plan.schedule is 'split_k'";
+  c.splits = static_cast<int>(plan.splits);
+  if (plan.raster == "along_m") c.raster = Raster::kAlongM;
+  else if (plan.raster == "along_n") c.raster = Raster::kAlongN;
+  else return "plan.raster must be 'along_m' or 'along_n'";
+  if (plan.swizzle != 1 && plan.swizzle != 2 && plan.swizzle != 4 && plan.swizzle != 8)
+    return "plan.swizzle must be 1, 2, 4 or 8";
+  c.swizzle = static_cast<int>(plan.swizzle);
+  if (plan.sm_count < 1) return "plan.sm_count must be positive";
+  if (plan.max_active_clusters < 1) return "plan.max_active_clusters must be positive";
+  out->slots.sm_count = static_cast<int>(plan.sm_count);
+  out->slots.max_active_clusters = static_cast<int>(plan.max_active_clusters);
+  out->variant = v;
+  return "";
+}
+
+std::string check_device(const Plan& plan, Dispatch* dispatch, int device_id) {
+  const CachedFacts& f = facts_for(device_id);
+  if (!f.ok) return "cannot query CUDA device " + std::to_string(device_id);
+  if (!arch_runs_on(plan.arch, f.facts.cc_major, f.facts.cc_minor))
+    return "plan is for " + std::string(plan.arch) + " but device " + std::to_string(device_id) +
+           " has compute capability " + std::to_string(f.facts.cc_major) + "." +
+           std::to_string(f.facts.cc_minor);
+  if (plan.sm_count > f.facts.sm_count)
+    return mismatch("sm_count", plan.sm_count, f.facts.sm_count) + " on this device";
+  int resident = cached_max_active_clusters(*dispatch->variant, device_id);
+  if (resident < 1) return "cudaOccupancyMaxActiveClusters found no room for this variant";
+  // More clusters than can be resident could deadlock stream-K's fix-up.
+  if (plan.max_active_clusters > resident)
+    return "plan.max_active_clusters = " + std::to_string(plan.max_active_clusters) +
+           " but only " + std::to_string(resident) + " clusters fit on this device";
+  dispatch->slots.device_id = device_id;
+  return "";
+}
+
+}  // namespace jax_cluster

@@ -1,0 +1,26 @@
+// Plan -> one compiled variant plus the runtime choices it leaves open.
+#pragma once
+
+#include <string>
+
+#include "common/gemm_problem.h"
+#include "common/plan.h"
+#include "dispatch/variant_table.h"
+
+namespace jax_cluster {
+
+struct Dispatch {
+  const VariantEntry* variant = nullptr;
+  LaunchChoices choices;
+  DeviceSlots slots;
+};
+
+// Checks every Plan field against the menu row it names; returns "" on
+// success, otherwise a message that names the offending field.
+std::string resolve_plan(const Plan& plan, Dispatch* out);
+
+// Checks that the device can run the resolved plan (architecture, SM count,
+// residency of the requested clusters); returns "" on success.
+std::string check_device(const Plan& plan, Dispatch* dispatch, int device_id);
+
+}  // namespace jax_cluster

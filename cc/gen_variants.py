@@ -1,0 +1,77 @@
+"""Generates one CUDA instantiation per menu row and the dispatch table.
+
+Run by CMake at configure time: gen_variants.py MENU_DIR OUT_DIR. Prints
+'ARCH|FILE' lines for CMake and rewrites a file only when its text changes.
+"""
+import importlib.util
+import pathlib
+import sys
+
+CUTLASS_TYPES = {"bf16": "cutlass::bfloat16_t", "f16": "cutlass::half_t", "f32": "float"}
+# CUTLASS layout tags: A [M,K] is RowMajor; B [N,K] is ColumnMajor.
+A_LAYOUT = {"k": "cutlass::layout::RowMajor", "m": "cutlass::layout::ColumnMajor"}
+B_LAYOUT = {"k": "cutlass::layout::ColumnMajor", "n": "cutlass::layout::RowMajor"}
+
+
+def _load_variants(menu_dir: pathlib.Path):
+    spec = importlib.util.spec_from_file_location("variants", menu_dir / "variants.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["variants"] = mod
+    spec.loader.exec_module(mod)
+    return mod.load_menu(menu_dir / "variants.json")
+
+
+def _template(v) -> str:
+    common = (f"{CUTLASS_TYPES[v.dtype]}, {CUTLASS_TYPES[v.out]}, {A_LAYOUT[v.a_major]}, "
+              f"{B_LAYOUT[v.b_major]}, {v.tile_m}, {v.tile_n}, {v.tile_k}, "
+              f"{v.cluster_m}, {v.cluster_n}, {v.stages}")
+    if v.arch == "sm90a":
+        kind = {"cooperative": "sm90::Cooperative", "pingpong": "sm90::Pingpong"}[v.kind]
+        return f"sm90::GemmWsPersistent<{common}, {kind}>"
+    cta, sched = v.kind.split("_")
+    return (f"sm100::GemmTcgen05Persistent<{common}, sm100::{'TwoSm' if cta == '2sm' else 'OneSm'}, "
+            f"sm100::{'Clc' if sched == 'clc' else 'Static'}>")
+
+
+def _instantiation(v) -> str:
+    return (f"// Generated from jax_cluster/variants.json by cc/gen_variants.py.\n"
+            f'#include "{v.header}"\n\n'
+            f"namespace jax_cluster::generated {{\n"
+            f"const VariantOps& ops_{v.name}() {{ return {_template(v)}::ops; }}\n"
+            f"}}  // namespace jax_cluster::generated\n")
+
+
+def _table(variants) -> str:
+    decls = "".join(f"const VariantOps& ops_{v.name}();\n" for v in variants)
+    rows = "".join(
+        f'    {{"{v.name}", "{v.arch}", "{v.dtype}", "{v.out}", \'{v.a_major}\', \'{v.b_major}\', '
+        f"{v.tile_m}, {v.tile_n}, {v.tile_k}, {v.cluster_m}, {v.cluster_n}, {v.stages}, "
+        f'"{v.mma}", "{v.kind}", "{",".join(v.schedules)}", &generated::ops_{v.name}}},\n'
+        for v in variants)
+    return ("// Generated from jax_cluster/variants.json by cc/gen_variants.py.\n"
+            '#include "dispatch/variant_table.h"\n\n'
+            f"namespace jax_cluster {{\nnamespace generated {{\n{decls}}}  // namespace generated\n\n"
+            f"const VariantEntry kVariants[] = {{\n{rows}}};\n"
+            f"const size_t kNumVariants = {len(variants)};\n}}  // namespace jax_cluster\n")
+
+
+def _write(path: pathlib.Path, text: str) -> None:
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
+def main(menu_dir: str, out_dir: str, archs: str) -> None:
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    wanted = set(archs.split(","))
+    variants = [v for v in _load_variants(pathlib.Path(menu_dir)) if v.arch in wanted]
+    for v in variants:
+        path = out / f"{v.name}.cu"
+        _write(path, _instantiation(v))
+        print(f"{v.arch}|{path}")
+    _write(out / "variant_table.cc", _table(variants))
+    print(f"table|{out / 'variant_table.cc'}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

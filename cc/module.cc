@@ -1,0 +1,119 @@
+// The nanobind module: FFI capsules, the compiled-variant list, workspace
+// sizes and device/occupancy queries. Built without CUDA it still imports and
+// reports that it holds no kernels.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+
+#include <string>
+
+#include "common/plan.h"
+
+#if JAX_CLUSTER_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "dispatch/device_slots.h"
+#include "dispatch/gemm_dispatch.h"
+#include "ffi/gemm_ffi.h"
+#endif
+
+namespace nb = nanobind;
+
+namespace jax_cluster {
+namespace {
+
+nb::list plan_fields() {
+  nb::list out;
+  for (const char* name : kPlanFieldNames) out.append(name);
+  return out;
+}
+
+#if JAX_CLUSTER_WITH_CUDA
+
+nb::dict registrations() {
+  nb::dict out;
+  out["jax_cluster_gemm"] = nb::capsule(reinterpret_cast<void*>(gemm_ffi_handler()));
+  return out;
+}
+
+nb::list variants() {
+  nb::list out;
+  for (size_t i = 0; i < kNumVariants; ++i) {
+    const VariantEntry& v = kVariants[i];
+    nb::dict row;
+    row["name"] = v.name;
+    row["arch"] = v.arch;
+    row["dtype"] = v.dtype;
+    row["out"] = v.out;
+    row["a_major"] = std::string(1, v.a_major);
+    row["b_major"] = std::string(1, v.b_major);
+    row["tile"] = nb::make_tuple(v.tile_m, v.tile_n, v.tile_k);
+    row["cluster"] = nb::make_tuple(v.cluster_m, v.cluster_n);
+    row["stages"] = v.stages;
+    row["mma"] = v.mma;
+    row["kind"] = v.kind;
+    out.append(row);
+  }
+  return out;
+}
+
+// The Plan's string fields point into `plan_dict`, which outlives the call.
+Plan plan_from_dict(const nb::dict& d) {
+  Plan p;
+#define JAX_CLUSTER_READ(type, name)                                        \
+  if (!d.contains(#name)) throw nb::key_error("plan lacks field '" #name "'"); \
+  p.name = nb::cast<type>(d[#name]);
+  JAX_CLUSTER_PLAN_FIELDS(JAX_CLUSTER_READ)
+#undef JAX_CLUSTER_READ
+  return p;
+}
+
+size_t workspace_size(const nb::dict& plan_dict, int m, int n, int k, int batch) {
+  Plan plan = plan_from_dict(plan_dict);
+  Dispatch dispatch;
+  std::string err = resolve_plan(plan, &dispatch);
+  if (!err.empty()) throw nb::value_error(err.c_str());
+  GemmProblem problem{m, n, k, batch, nullptr, nullptr, nullptr};
+  return dispatch.variant->ops().workspace_size(problem, dispatch.choices, dispatch.slots);
+}
+
+int max_active_clusters(const std::string& name, int device_id) {
+  const VariantEntry* v = find_variant(name);
+  if (v == nullptr) throw nb::value_error(("no compiled variant " + name).c_str());
+  return cached_max_active_clusters(*v, device_id);
+}
+
+nb::object query_device(int device_id) {
+  DeviceFacts f;
+  if (!device_facts(device_id, &f)) return nb::none();
+  nb::dict out;
+  out["name"] = std::string(f.name);
+  out["sm_count"] = f.sm_count;
+  out["compute_capability"] = nb::make_tuple(f.cc_major, f.cc_minor);
+  out["smem_per_block_optin"] = f.smem_per_block_optin;
+  out["l2_bytes"] = f.l2_bytes;
+  return out;
+}
+
+#endif  // JAX_CLUSTER_WITH_CUDA
+
+}  // namespace
+}  // namespace jax_cluster
+
+NB_MODULE(_ext, m) {
+  using namespace jax_cluster;
+  m.attr("with_cuda") = bool(JAX_CLUSTER_WITH_CUDA);
+  m.attr("built_archs") = std::string(JAX_CLUSTER_ARCHS);
+  m.attr("cuda_compiler") = std::string(JAX_CLUSTER_CUDA_COMPILER);
+  m.def("plan_fields", &plan_fields, "Names of the Plan fields the FFI handler decodes.");
+#if JAX_CLUSTER_WITH_CUDA
+  m.def("registrations", &registrations, "FFI handler capsules by target name.");
+  m.def("variants", &variants, "The compiled variants (rows of the menu).");
+  m.def("workspace_size", &workspace_size, nb::arg("plan"), nb::arg("m"), nb::arg("n"),
+        nb::arg("k"), nb::arg("batch"), "Scratch bytes one call with this plan needs.");
+  m.def("max_active_clusters", &max_active_clusters, nb::arg("variant"), nb::arg("device_id"),
+        "cudaOccupancyMaxActiveClusters for a compiled variant on a device (0: none fit).");
+  m.def("query_device", &query_device, nb::arg("device_id"),
+        "SM count, compute capability, shared memory and L2 of a device, or None.");
+#endif
+}

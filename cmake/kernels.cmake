@@ -1,0 +1,61 @@
+# Kernels: one instantiation per row of jax_cluster/variants.json, generated
+# at configure time, each compiled for its own architecture only (SASS, no PTX).
+execute_process(
+  COMMAND "${Python_EXECUTABLE}" -c
+    "import jax, os; print(jax.ffi.include_dir())"
+  OUTPUT_VARIABLE XLA_FFI_INCLUDE_DIR OUTPUT_STRIP_TRAILING_WHITESPACE COMMAND_ERROR_IS_FATAL ANY)
+execute_process(
+  COMMAND "${Python_EXECUTABLE}" -c
+    "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source'))"
+  OUTPUT_VARIABLE CUTLASS_SOURCE_DIR OUTPUT_STRIP_TRAILING_WHITESPACE COMMAND_ERROR_IS_FATAL ANY)
+message(STATUS "jax_cluster: XLA FFI headers ${XLA_FFI_INCLUDE_DIR}")
+message(STATUS "jax_cluster: CUTLASS headers ${CUTLASS_SOURCE_DIR}/include")
+
+string(REPLACE ";" "," _jc_archs_csv "${JAX_CLUSTER_ARCHS}")
+set(_jc_gen_dir "${CMAKE_BINARY_DIR}/generated")
+execute_process(
+  COMMAND "${Python_EXECUTABLE}" "${CMAKE_SOURCE_DIR}/cc/gen_variants.py"
+          "${CMAKE_SOURCE_DIR}/jax_cluster" "${_jc_gen_dir}" "${_jc_archs_csv}"
+  OUTPUT_VARIABLE _jc_generated OUTPUT_STRIP_TRAILING_WHITESPACE COMMAND_ERROR_IS_FATAL ANY)
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
+             "${CMAKE_SOURCE_DIR}/jax_cluster/variants.json"
+             "${CMAKE_SOURCE_DIR}/jax_cluster/variants.py"
+             "${CMAKE_SOURCE_DIR}/cc/gen_variants.py")
+
+string(REPLACE "\n" ";" _jc_generated "${_jc_generated}")
+set(_jc_table "")
+foreach(_line IN LISTS _jc_generated)
+  string(REGEX MATCH "^([^|]+)\\|(.+)$" _ "${_line}")
+  if(CMAKE_MATCH_1 STREQUAL "table")
+    set(_jc_table "${CMAKE_MATCH_2}")
+  else()
+    list(APPEND _jc_sources_${CMAKE_MATCH_1} "${CMAKE_MATCH_2}")
+  endif()
+endforeach()
+
+set(_jc_cuda_flags -O3 -DNDEBUG --expt-relaxed-constexpr -Xptxas=--warn-on-spills)
+set(_jc_kernel_libs "")
+foreach(_arch IN LISTS JAX_CLUSTER_ARCHS)
+  if(NOT _jc_sources_${_arch})
+    continue()
+  endif()
+  string(REGEX REPLACE "^sm([0-9]+a?)$" "\\1" _num "${_arch}")
+  add_library(kernels_${_arch} OBJECT ${_jc_sources_${_arch}})
+  set_target_properties(kernels_${_arch} PROPERTIES CUDA_ARCHITECTURES OFF CUDA_STANDARD 17)
+  target_compile_options(kernels_${_arch} PRIVATE ${_jc_cuda_flags}
+                         "-gencode=arch=compute_${_num},code=sm_${_num}")
+  target_include_directories(kernels_${_arch} PRIVATE cc
+    "${CUTLASS_SOURCE_DIR}/include" "${CUTLASS_SOURCE_DIR}/tools/util/include")
+  list(APPEND _jc_kernel_libs kernels_${_arch})
+endforeach()
+
+target_sources(_ext PRIVATE ${_jc_table} cc/dispatch/variant_table.cc cc/dispatch/device_slots.cc
+               cc/dispatch/gemm_dispatch.cc cc/ffi/gemm_ffi.cc)
+foreach(_lib IN LISTS _jc_kernel_libs)
+  target_sources(_ext PRIVATE $<TARGET_OBJECTS:${_lib}>)
+endforeach()
+target_include_directories(_ext PRIVATE "${XLA_FFI_INCLUDE_DIR}")
+target_link_libraries(_ext PRIVATE CUDA::cudart_static)
+set_target_properties(_ext PROPERTIES CUDA_ARCHITECTURES OFF)
+target_compile_definitions(_ext PRIVATE JAX_CLUSTER_WITH_CUDA=1
+  JAX_CLUSTER_ARCHS="${_jc_archs_csv}" JAX_CLUSTER_CUDA_COMPILER="${CMAKE_CUDA_COMPILER} ${CMAKE_CUDA_COMPILER_VERSION}")

@@ -1,0 +1,97 @@
+"""Public ops: validate, normalise layouts, then hand over to gemm_p."""
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+from jax import lax
+
+from jax_cluster.plan import Plan
+from jax_cluster.primitives import gemm
+
+
+def matmul(a, b, *, out_dtype=None, plan: Plan | None = None):
+    """`a @ b` with NumPy matmul semantics on a cluster-persistent kernel.
+
+    a is [..., M, K] and b is [K, N] or [..., K, N] (batch dims broadcast);
+    1-D operands are promoted as in `jnp.matmul`. Mixed input dtypes promote.
+    `out_dtype` defaults to the input dtype (accumulation is always fp32).
+    `plan` pins the choices (see `jax_cluster.plan`); it must be made for the
+    call's flattened problem.
+    """
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError("jax_cluster.matmul: operands must have rank >= 1, got a scalar")
+    dtype = jnp.result_type(a, b)
+    a, b = a.astype(dtype), b.astype(dtype)
+    squeeze = []
+    if a.ndim == 1:
+        a, squeeze = a[None, :], squeeze + [-2]
+    if b.ndim == 1:
+        b, squeeze = b[:, None], squeeze + [-1]
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"jax_cluster.matmul: contracting dimensions differ: a {a.shape} has "
+                         f"K={a.shape[-1]}, b {b.shape} has K={b.shape[-2]}")
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    if b.ndim == 2:  # one weight: every leading dim of a folds into M for free
+        lead = a.shape[:-2]
+        out = gemm(a.reshape(-1, k), b, a_major="k", b_major="n", out_dtype=out_dtype, plan=plan)
+        out = out.reshape(*lead, m, n)
+    else:
+        batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        a3 = jnp.broadcast_to(a, (*batch, m, k)).reshape(-1, m, k)
+        b3 = jnp.broadcast_to(b, (*batch, k, n)).reshape(-1, k, n)
+        out = gemm(a3, b3, a_major="k", b_major="n", out_dtype=out_dtype, plan=plan)
+        out = out.reshape(*batch, m, n)
+    for axis in squeeze:
+        out = jnp.squeeze(out, axis=axis if len(squeeze) == 1 else -1)
+    return out
+
+
+def _as_gemm(lhs, rhs, dimension_numbers):
+    """(a, b, a_major, b_major, out_shape) when the dot maps onto the kernel
+    without copies, else None."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    nb = len(lb)
+    if len(lc) != 1 or len(rc) != 1 or tuple(lb) != tuple(range(nb)) or tuple(rb) != tuple(range(nb)):
+        return None
+    (lc,), (rc,) = lc, rc
+    batch = lhs.shape[:nb]
+    if lc == lhs.ndim - 1 and lhs.ndim > nb + 1:
+        a_major, lhs_free = "k", lhs.shape[nb:-1]
+    elif lc == nb and lhs.ndim == nb + 2:
+        a_major, lhs_free = "m", lhs.shape[nb + 1:]
+    else:
+        return None
+    if rc == nb and rhs.ndim > nb + 1:
+        b_major, rhs_free = "n", rhs.shape[nb + 1:]
+    elif rc == rhs.ndim - 1 and rhs.ndim > nb + 1:
+        b_major, rhs_free = "k", rhs.shape[nb:-1]
+    else:
+        return None
+    m, n, k = math.prod(lhs_free), math.prod(rhs_free), lhs.shape[lc]
+    lead = (math.prod(batch),) if nb else ()
+    a = lhs.reshape(*lead, *((m, k) if a_major == "k" else (k, m)))
+    b = rhs.reshape(*lead, *((n, k) if b_major == "k" else (k, n)))
+    return a, b, a_major, b_major, (*batch, *lhs_free, *rhs_free)
+
+
+def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
+                out_sharding=None):
+    """Drop-in for `lax.dot_general` (and Flax's `dot_general=` hook).
+
+    Dots with one contracting dimension and leading batch dimensions run on
+    the kernel; every other form, mixed input dtypes and calls that pass
+    `out_sharding` go to `lax.dot_general` unchanged.
+    """
+    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    mapped = None
+    if out_sharding is None and lhs.dtype == rhs.dtype:
+        mapped = _as_gemm(lhs, rhs, dimension_numbers)
+    if mapped is None:
+        return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                               preferred_element_type=preferred_element_type,
+                               out_sharding=out_sharding)
+    a, b, a_major, b_major, out_shape = mapped
+    out = gemm(a, b, a_major=a_major, b_major=b_major, out_dtype=preferred_element_type)
+    return out.reshape(out_shape)

@@ -1,0 +1,75 @@
+"""Plan.explain(): the decision, its evidence, the cluster contract, the
+timeline and how to check it, as plain text."""
+from __future__ import annotations
+
+import math
+
+
+def _decision(p) -> str:
+    if not p.uses_kernel:
+        return f"Use XLA's dot: {p.reason}."
+    return (f"Run {p.variant} on {p.arch}: a {p.cluster_m}x{p.cluster_n} cluster of "
+            f"{p.tile_m}x{p.tile_n}x{p.tile_k} tiles, {p.schedule} persistent schedule.")
+
+
+def _evidence(p) -> list[str]:
+    d = p.device
+    rows = [f"problem: M={p.m} N={p.n} K={p.k} batch={p.batch}, {p.dtype}->{p.out_dtype}, "
+            f"A {p.a_major}-major, B {p.b_major}-major (given)",
+            f"device: {d.platform} {d.name or '?'} cc={d.compute_capability} "
+            f"SMs={d.sm_count} ({d.source})"]
+    if p.uses_kernel:
+        rows.append(f"resident clusters: {p.max_active_clusters} ({p.residency})")
+        rows.append(f"waves: {p.waves:.2f}, predicted efficiency {p.predicted_efficiency:.0%} (modelled)")
+        rows.append(f"workspace: {p.workspace_bytes} bytes through XLA (queried from the variant)")
+    return rows
+
+
+def _contract(p) -> list[str]:
+    if not p.uses_kernel:
+        return ["no cluster: XLA's own dot runs"]
+    rows = []
+    cta_m = p.tile_m // 2 if p.mma == "2cta" else p.tile_m
+    for cy in range(p.cluster_n):
+        for cx in range(p.cluster_m):
+            rows.append(f"CTA ({cx},{cy}): rows [{cx * cta_m}, {(cx + 1) * cta_m}) of the cluster tile, "
+                        f"cols [{cy * p.tile_n}, {(cy + 1) * p.tile_n}), all of K in {p.tile_k} steps")
+    if p.cluster_m > 1:
+        rows.append(f"B tiles are multicast by TMA to the {p.cluster_m} CTAs along M")
+    if p.cluster_n > 1:
+        rows.append(f"A tiles are multicast by TMA to the {p.cluster_n} CTAs along N")
+    if p.mma == "2cta":
+        rows.append("MMA: cta_group::2 UMMA over the CTA pair, accumulators in TMEM")
+    rows.append("barriers: cluster-scoped mbarriers for the multicast pipeline; leader CTA (0,0)")
+    rows.append(f"stages: {p.stages}; raster {p.raster}, swizzle {p.swizzle}")
+    return rows
+
+
+def _timeline(p) -> list[str]:
+    if not p.uses_kernel:
+        return ["not modelled for the fallback"]
+    full = math.floor(p.waves)
+    tail = p.waves - full
+    return [f"{full} full wave(s) and a tail of {tail:.0%} of the resident clusters",
+            f"{p.schedule}: predicted efficiency {p.predicted_efficiency:.0%}"]
+
+
+def _validation(p) -> list[str]:
+    if not p.uses_kernel:
+        return ["compare with lax.dot_general; nothing kernel-specific to check"]
+    c = p.max_active_clusters
+    return [f"boundary tile counts: {max(1, c - 1)}, {c}, {c + 1} clusters of work",
+            "prediction: at waves just above an integer, stream_k beats static",
+            f"fallback: XLA's dot if the variant cannot run ({p.variant} missing, misaligned "
+            "operands or another device)"]
+
+
+def explain(p) -> str:
+    parts = [("Decision", [_decision(p)]), ("Evidence", _evidence(p)),
+             ("Contract", _contract(p)), ("Timeline", _timeline(p)),
+             ("Validation", _validation(p))]
+    lines = []
+    for i, (title, rows) in enumerate(parts, 1):
+        lines.append(f"{i}. {title}")
+        lines.extend(f"   {row}" for row in rows)
+    return "\n".join(lines)

@@ -1,0 +1,59 @@
+"""jax_cluster.info(): what was built, what device is here, which path a call takes."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jax_cluster import _ffi, variants
+from jax_cluster.device import describe
+from jax_cluster.plan import plan_gemm
+
+
+@dataclasses.dataclass(frozen=True)
+class Info:
+    jax_version: str
+    with_kernels: bool
+    why_no_kernels: str
+    cuda_compiler: str
+    built_archs: tuple[str, ...]
+    compiled_variants: tuple[str, ...]
+    menu_variants: int
+    device: str
+    device_arch: str | None
+    sample_call: str
+    sample_path: str
+    sample_reason: str
+
+    def __str__(self) -> str:
+        lines = [f"jax_cluster on jax {self.jax_version}",
+                 f"kernels: {'yes' if self.with_kernels else 'no: ' + self.why_no_kernels}"]
+        if self.with_kernels:
+            lines.append(f"  compiler: {self.cuda_compiler}; archs: {', '.join(self.built_archs)}")
+            lines.append(f"  {len(self.compiled_variants)} of {self.menu_variants} menu variants compiled:")
+            lines.extend(f"    {name}" for name in self.compiled_variants)
+        lines.append(f"device: {self.device} -> {self.device_arch or 'XLA fallback'}")
+        lines.append(f"{self.sample_call} takes the {self.sample_path} path: {self.sample_reason}")
+        return "\n".join(lines)
+
+
+def info(device=None) -> Info:
+    ext = _ffi.extension()
+    dev = describe(device)
+    p = plan_gemm(4096, 4096, 4096, dtype=jnp.bfloat16, device=dev)
+    with_kernels = _ffi.with_kernels()
+    return Info(
+        jax_version=jax.__version__,
+        with_kernels=with_kernels,
+        why_no_kernels=_ffi.why_no_kernels(),
+        cuda_compiler=ext.cuda_compiler if ext is not None else "",
+        built_archs=tuple(a for a in (ext.built_archs.split(",") if ext else []) if a),
+        compiled_variants=tuple(sorted(_ffi.compiled_variant_names())),
+        menu_variants=len(variants.load_menu()),
+        device=f"{dev.platform} {dev.name} cc={dev.compute_capability} SMs={dev.sm_count}",
+        device_arch=dev.arch,
+        sample_call="matmul(bf16[4096,4096], bf16[4096,4096])",
+        sample_path=p.path,
+        sample_reason=p.reason,
+    )

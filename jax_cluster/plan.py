@@ -1,0 +1,242 @@
+"""The Plan: every static choice one GEMM call makes, and the planner.
+
+The kernel fields of `Plan` (KERNEL_FIELDS) travel to C++ as one struct
+attribute with the same names (cc/common/plan.h); the rest record what the
+plan was made for and why.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from jax_cluster import _ffi, variants
+from jax_cluster.device import DeviceInfo, describe
+
+KERNEL_FIELDS = ("variant", "arch", "tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n",
+                 "stages", "mma", "schedule", "splits", "raster", "swizzle", "sm_count",
+                 "max_active_clusters")
+_OVERRIDABLE = ("variant", "tile", "cluster", "schedule", "splits", "raster", "swizzle")
+# Relative mainloop efficiency of a CTA tile (a modelled lead, refined on the
+# H200 by the benchmarks): small tiles re-read operands more per FLOP.
+_TILE_EFFICIENCY = {(128, 256): 1.0, (256, 256): 1.0, (128, 128): 0.88}
+_STREAM_K_OVERHEAD = 1.10   # partial-tile fix-up traffic, modelled
+
+
+def dtype_name(dtype) -> str:
+    import jax.numpy as jnp
+    dt = np.dtype(dtype)
+    for name, ref in (("bf16", jnp.bfloat16), ("f16", jnp.float16), ("f32", jnp.float32)):
+        if dt == np.dtype(ref):
+            return name
+    return dt.name
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    path: str                       # "kernel" or "xla"
+    reason: str                     # why this path, in one sentence
+    m: int
+    n: int
+    k: int
+    batch: int
+    dtype: str
+    out_dtype: str
+    a_major: str                    # "k": A is [M,K]; "m": A is [K,M]
+    b_major: str                    # "k": B is [N,K]; "n": B is [K,N]
+    device: DeviceInfo
+    variant: str = ""
+    arch: str = "none"
+    tile_m: int = 0
+    tile_n: int = 0
+    tile_k: int = 0
+    cluster_m: int = 1
+    cluster_n: int = 1
+    stages: int = 0
+    mma: str = ""
+    schedule: str = "static"
+    splits: int = 1
+    raster: str = "along_n"
+    swizzle: int = 1
+    sm_count: int = 0
+    max_active_clusters: int = 0
+    residency: str = "modelled"     # "queried" (cudaOccupancyMaxActiveClusters) or "modelled"
+    workspace_bytes: int = 0
+    waves: float = 0.0
+    predicted_efficiency: float = 0.0
+    notes: tuple[str, ...] = ()
+
+    @property
+    def uses_kernel(self) -> bool:
+        return self.path == "kernel"
+
+    def ffi_attrs(self) -> dict:
+        """The kernel fields, as the FFI handler's "plan" struct attribute."""
+        out = {}
+        for name in KERNEL_FIELDS:
+            value = getattr(self, name)
+            out[name] = np.int64(value) if isinstance(value, int) else value
+        return out
+
+    def explain(self) -> str:
+        from jax_cluster.explain import explain
+        return explain(self)
+
+    def _repr_pretty_(self, printer, cycle):  # IPython / notebooks
+        printer.text(self.explain())
+
+
+# --------------------------------------------------------------------------- planner
+
+
+def _alignment_problem(m, n, k, a_major, b_major, out_dtype) -> str:
+    lead_a = ("K", k) if a_major == "k" else ("M", m)
+    lead_b = ("K", k) if b_major == "k" else ("N", n)
+    for label, (dim, size), width in (("A", lead_a, 2), ("B", lead_b, 2),
+                                      ("the output", ("N", n), variants.DTYPE_BYTES[out_dtype])):
+        if (size * width) % 16:
+            return (f"TMA needs 16-byte leading dimensions: {label}'s {dim} = {size} "
+                    f"x {width} bytes is not a multiple of 16")
+    return ""
+
+
+def _resident_clusters(v: variants.Variant, device: DeviceInfo) -> tuple[int, str]:
+    """Clusters of `v` that fit at once: queried on a present GPU, else modelled."""
+    if device.source == "queried" and _ffi.with_kernels():
+        clusters = _ffi.extension().max_active_clusters(v.name, device.device_id)
+        return clusters, "queried"
+    return (device.sm_count or 0) // v.cluster_size, "modelled"
+
+
+def _score(v: variants.Variant, m, n, k, batch, clusters, schedule):
+    """(modelled time in tile-units, waves, efficiency) for one candidate."""
+    tiles_m = math.ceil(m / v.cta_tile_m)
+    tiles_n = math.ceil(n / v.tile_n)
+    cluster_tiles = math.ceil(tiles_m / v.cluster_m) * math.ceil(tiles_n / v.cluster_n) * batch
+    waves = cluster_tiles / clusters
+    tile_cost = v.cta_tile_m * v.tile_n * v.cluster_size / _TILE_EFFICIENCY.get(
+        (v.cta_tile_m, v.tile_n), 0.8)
+    if schedule == "stream_k":
+        time = waves * tile_cost * _STREAM_K_OVERHEAD
+    else:
+        time = math.ceil(waves) * tile_cost
+    useful = m * n * batch
+    efficiency = useful / (time * clusters)
+    return time, waves, min(1.0, efficiency)
+
+
+def _raster_and_swizzle(v: variants.Variant, m, n, clusters) -> tuple[str, int]:
+    tiles_m = math.ceil(m / v.cta_tile_m)
+    tiles_n = math.ceil(n / v.tile_n)
+    # Walk along the shorter side so a wave's tiles share operands in L2.
+    raster = "along_m" if tiles_n > tiles_m else "along_n"
+    swizzle = 1
+    for s in (2, 4, 8):
+        if tiles_m * tiles_n >= 2 * clusters * v.cluster_size and min(tiles_m, tiles_n) >= 2 * s:
+            swizzle = s
+    return raster, swizzle
+
+
+def plan_gemm(m: int, n: int, k: int, *, dtype, out_dtype=None, batch: int = 1,
+              a_major: str = "k", b_major: str = "n", device=None, **overrides) -> Plan:
+    """Chooses among the compiled variants for C[M,N] = A·B (see `Plan`).
+
+    `overrides` pins choices: variant, tile=(m,n,k), cluster=(m,n), schedule,
+    splits, raster, swizzle; or path="xla" to force the fallback.
+    """
+    unknown = set(overrides) - set(_OVERRIDABLE) - {"path"}
+    if unknown:
+        raise TypeError(f"plan(): unknown override(s) {sorted(unknown)}; "
+                        f"choose from {_OVERRIDABLE + ('path',)}")
+    dev = describe(device)
+    dt = dtype_name(dtype)
+    out = dtype_name(out_dtype if out_dtype is not None else dtype)
+    base = dict(m=int(m), n=int(n), k=int(k), batch=int(batch), dtype=dt, out_dtype=out,
+                a_major=a_major, b_major=b_major, device=dev)
+
+    def fallback(reason: str) -> Plan:
+        return Plan(path="xla", reason=reason, **base)
+
+    if overrides.get("path") == "xla":
+        return fallback("the caller asked for XLA's dot")
+    if dev.platform != "cuda":
+        return fallback(f"the device is {dev.platform}, not a CUDA GPU")
+    arch = dev.arch
+    if arch is None:
+        return fallback(f"compute capability {dev.compute_capability} has no kernel family "
+                        "(sm90a needs 9.0; sm100a needs 10.0 or 10.3)")
+    if not _ffi.with_kernels():
+        return fallback(_ffi.why_no_kernels())
+    if dt not in ("bf16", "f16"):
+        return fallback(f"the kernels take bf16 or f16 inputs, not {dt}")
+    if out not in (dt, "f32"):
+        return fallback(f"the kernels write {dt} or f32 from {dt} inputs, not {out}")
+    if min(m, n, k, batch) == 0:
+        return fallback("the problem is empty")
+    align = _alignment_problem(m, n, k, a_major, b_major, out)
+    if align:
+        return fallback(align)
+    compiled = _ffi.compiled_variant_names()
+    candidates = [v for v in variants.load_menu() if v.name in compiled and v.arch == arch
+                  and (v.dtype, v.out, v.a_major, v.b_major) == (dt, out, a_major, b_major)]
+    if not candidates:
+        return fallback(f"no compiled {arch} variant for {dt}->{out} with A {a_major}-major "
+                        f"and B {b_major}-major")
+    candidates = [v for v in candidates if _matches(v, overrides)]
+    if not candidates:
+        raise ValueError(f"plan(): no compiled variant matches {overrides}; "
+                         f"the menu is in {variants.MENU_PATH.name}")
+
+    k_tiles = math.ceil(k / candidates[0].tile_k)
+    best = None
+    for v in candidates:
+        clusters, residency = _resident_clusters(v, dev)
+        if clusters < 1:
+            continue
+        schedules = [overrides["schedule"]] if "schedule" in overrides else [
+            s for s in v.schedules if s != "split_k" and (s != "stream_k" or k_tiles >= 4)]
+        for schedule in schedules:
+            if schedule not in v.schedules:
+                raise ValueError(f"plan(): variant {v.name} cannot run schedule {schedule!r}; "
+                                 f"it runs {v.schedules}")
+            time, waves, eff = _score(v, m, n, k, batch, clusters, schedule)
+            key = (time, schedule != "static")
+            if best is None or key < best[0]:
+                best = (key, v, clusters, residency, schedule, waves, eff)
+    if best is None:
+        return fallback("no candidate variant fits on this device (cudaOccupancyMaxActiveClusters = 0)")
+    _, v, clusters, residency, schedule, waves, eff = best
+    raster, swizzle = _raster_and_swizzle(v, m, n, clusters)
+    splits = int(overrides.get("splits", 1 if schedule != "split_k" else 2))
+    plan = Plan(path="kernel", reason="", **base, variant=v.name, arch=arch, tile_m=v.tile_m,
+                tile_n=v.tile_n, tile_k=v.tile_k, cluster_m=v.cluster_m, cluster_n=v.cluster_n,
+                stages=v.stages, mma=v.mma, schedule=schedule, splits=splits,
+                raster=overrides.get("raster", raster), swizzle=int(overrides.get("swizzle", swizzle)),
+                sm_count=int(dev.sm_count), max_active_clusters=int(clusters), residency=residency,
+                waves=waves, predicted_efficiency=eff)
+    reason = (f"{v.name} fits: {waves:.2f} waves of {clusters} resident {v.cluster_m}x{v.cluster_n} "
+              f"clusters, {schedule} schedule, modelled efficiency {eff:.0%}")
+    ws = _ffi.extension().workspace_size(plan.ffi_attrs(), plan.m, plan.n, plan.k, plan.batch)
+    return dataclasses.replace(plan, reason=reason, workspace_bytes=int(ws))
+
+
+def _matches(v: variants.Variant, overrides: dict) -> bool:
+    if "variant" in overrides and v.name != overrides["variant"]:
+        return False
+    if "tile" in overrides and tuple(overrides["tile"]) != (v.tile_m, v.tile_n, v.tile_k):
+        return False
+    if "cluster" in overrides and tuple(overrides["cluster"]) != (v.cluster_m, v.cluster_n):
+        return False
+    return "schedule" not in overrides or overrides["schedule"] in v.schedules
+
+
+def plan(m: int, n: int, k: int, *, dtype, out_dtype=None, batch: int = 1, device=None,
+         a_major: str = "k", b_major: str = "n", **overrides) -> Plan:
+    """The plan `jax_cluster.matmul` would use for A [M,K] @ B [K,N] (by default).
+
+    `device` is a jax Device or a `DeviceInfo` (to plan for a GPU that is not
+    present). Keyword overrides pin choices; see `plan_gemm`.
+    """
+    return plan_gemm(m, n, k, dtype=dtype, out_dtype=out_dtype, batch=batch, a_major=a_major,
+                     b_major=b_major, device=device, **overrides)

@@ -1,0 +1,178 @@
+"""gemm_p: shape rules, autodiff, batching and lowering of the dense GEMM.
+
+Operands are rank 2, or rank 3 with a shared leading batch. `a_major` says
+how A is stored ("k": [M,K]; "m": [K,M]) and `b_major` how B is ("k": [N,K];
+"n": [K,N]); the kernel reads either in place, so transposes never copy.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from jax_cluster import _ffi
+from jax_cluster.plan import Plan, plan_gemm
+
+SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
+
+gemm_p = Primitive("jax_cluster_gemm")
+
+
+def _dims(a_shape, b_shape, a_major, b_major):
+    """(batch, M, N, K of A, K of B) read from the operand shapes."""
+    a0, a1 = a_shape[-2:]
+    b0, b1 = b_shape[-2:]
+    m, ka = (a0, a1) if a_major == "k" else (a1, a0)
+    n, kb = (b0, b1) if b_major == "k" else (b1, b0)
+    return a_shape[:-2], m, n, ka, kb
+
+
+def _check(a, b, a_major, b_major, out_dtype):
+    if a_major not in ("k", "m") or b_major not in ("k", "n"):
+        raise ValueError(f"jax_cluster gemm: a_major must be 'k' or 'm' and b_major 'k' or 'n', "
+                         f"got {a_major!r}, {b_major!r}")
+    if a.ndim not in (2, 3) or b.ndim != a.ndim:
+        raise ValueError(f"jax_cluster gemm: operands must both be rank 2 (or rank 3 with a "
+                         f"leading batch); got shapes {a.shape} and {b.shape}")
+    for name, x in (("A", a), ("B", b)):
+        if not any(x.dtype == np.dtype(t) for t in SUPPORTED_DTYPES):
+            raise TypeError(f"jax_cluster gemm: unsupported dtype {x.dtype} for {name}; "
+                            "use bfloat16, float16 or float32")
+    if a.dtype != b.dtype:
+        raise TypeError(f"jax_cluster gemm: A and B dtypes differ ({a.dtype} vs {b.dtype})")
+    if not any(np.dtype(out_dtype) == np.dtype(t) for t in SUPPORTED_DTYPES):
+        raise TypeError(f"jax_cluster gemm: unsupported output dtype {np.dtype(out_dtype)}")
+    batch, m, n, ka, kb = _dims(a.shape, b.shape, a_major, b_major)
+    if ka != kb:
+        raise ValueError(f"jax_cluster gemm: contracting dimensions differ: A {a.shape} "
+                         f"({a_major}-major) has K={ka}, B {b.shape} ({b_major}-major) has K={kb}")
+    if a.ndim == 3 and a.shape[0] != b.shape[0]:
+        raise ValueError(f"jax_cluster gemm: batch sizes differ: {a.shape[0]} vs {b.shape[0]}")
+    return (*batch, m, n)
+
+
+def _abstract_eval(a, b, *, a_major, b_major, out_dtype, plan):
+    return jax.core.ShapedArray(_check(a, b, a_major, b_major, out_dtype), out_dtype)
+
+
+def _xla_gemm(a, b, *, a_major, b_major, out_dtype, plan):
+    """The portable path: XLA's own dot with the same layouts."""
+    nb = a.ndim - 2
+    batch = tuple(range(nb))
+    contract_a = nb + 1 if a_major == "k" else nb
+    contract_b = nb + 1 if b_major == "k" else nb
+    out = lax.dot_general(a, b, (((contract_a,), (contract_b,)), (batch, batch)),
+                          preferred_element_type=out_dtype)
+    return out.astype(out_dtype)
+
+
+def _cuda_lowering(ctx, a, b, *, a_major, b_major, out_dtype, plan: Plan):
+    if not (plan.uses_kernel and _ffi.register_targets()):
+        return mlir.lower_fun(functools.partial(
+            _xla_gemm, a_major=a_major, b_major=b_major, out_dtype=out_dtype, plan=plan),
+            multiple_results=False)(ctx, a, b)
+    out_aval = ctx.avals_out[0]
+    # Scratch comes from XLA as a second result, so the call stays graph-safe.
+    ws_aval = jax.core.ShapedArray((max(plan.workspace_bytes, 16),), np.uint8)
+    lowering = jax.ffi.ffi_lowering(_ffi.GEMM_TARGET)
+    results = lowering(ctx.replace(avals_out=[out_aval, ws_aval]), a, b, plan=plan.ffi_attrs())
+    return results[:1]
+
+
+gemm_p.def_impl(functools.partial(jax.jit, static_argnames=("a_major", "b_major", "out_dtype",
+                                                             "plan"))(
+    lambda a, b, **params: gemm_p.bind(a, b, **params)))
+gemm_p.def_abstract_eval(_abstract_eval)
+mlir.register_lowering(gemm_p, mlir.lower_fun(_xla_gemm, multiple_results=False))
+mlir.register_lowering(gemm_p, _cuda_lowering, platform="cuda")
+
+
+# --------------------------------------------------------------------------- binding
+
+
+def gemm(a, b, *, a_major="k", b_major="n", out_dtype=None, plan: Plan | None = None,
+         device=None):
+    """Binds gemm_p, planning the call if no plan is given."""
+    out_dtype = np.dtype(out_dtype if out_dtype is not None else a.dtype)
+    batch, m, n, k, _ = _dims(a.shape, b.shape, a_major, b_major)
+    nbatch = int(np.prod(batch)) if batch else 1
+    shape_key = (m, n, k, nbatch, a_major, b_major)
+    if plan is None:
+        plan = plan_gemm(m, n, k, dtype=a.dtype, out_dtype=out_dtype, batch=nbatch,
+                         a_major=a_major, b_major=b_major, device=device)
+    elif (plan.m, plan.n, plan.k, plan.batch, plan.a_major, plan.b_major) != shape_key:
+        raise ValueError(f"jax_cluster: the plan was made for M={plan.m} N={plan.n} K={plan.k} "
+                         f"batch={plan.batch} A {plan.a_major}-major B {plan.b_major}-major, "
+                         f"but this call is M={m} N={n} K={k} batch={nbatch} "
+                         f"A {a_major}-major B {b_major}-major")
+    return gemm_p.bind(a, b, a_major=a_major, b_major=b_major, out_dtype=out_dtype, plan=plan)
+
+
+# --------------------------------------------------------------------------- autodiff
+
+_FLIP_B = {"k": "n", "n": "k"}
+
+
+def _ct_as(ct, like):
+    """Cotangent in the operand dtype: the kernels take one input dtype."""
+    return ct.astype(like.aval.dtype)
+
+
+def _transpose_a(ct, a, b, *, a_major, b_major, out_dtype, plan):
+    ct = _ct_as(ct, a)
+    dev = plan.device
+    if a_major == "k":   # dA[M,K] = dC[M,N] . B^T
+        da = gemm(ct, b, a_major="k", b_major=_FLIP_B[b_major], out_dtype=a.aval.dtype, device=dev)
+    else:                # dA[K,M] = B . dC^T
+        da = gemm(b, ct, a_major="k" if b_major == "n" else "m", b_major="k",
+                  out_dtype=a.aval.dtype, device=dev)
+    return da
+
+
+def _transpose_b(ct, a, b, *, a_major, b_major, out_dtype, plan):
+    ct = _ct_as(ct, b)
+    dev = plan.device
+    if b_major == "n":   # dB[K,N] = A^T . dC
+        db = gemm(a, ct, a_major="m" if a_major == "k" else "k", b_major="n",
+                  out_dtype=b.aval.dtype, device=dev)
+    else:                # dB[N,K] = dC^T . A
+        db = gemm(ct, a, a_major="m", b_major="n" if a_major == "k" else "k",
+                  out_dtype=b.aval.dtype, device=dev)
+    return db
+
+
+ad.defbilinear(gemm_p, _transpose_a, _transpose_b)
+
+
+# --------------------------------------------------------------------------- batching
+
+
+def _batch_rule(args, dims, *, a_major, b_major, out_dtype, plan):
+    """dims[i] is the vmapped axis of operand i, or None when it is shared."""
+    a, b = args
+    da, db = dims
+    dev = plan.device
+    if db is None and a.ndim == 3 and a_major == "k":
+        # B is shared: fold the vmapped axis into M, a free reshape.
+        a = jnp.moveaxis(a, da, 0)
+        v, m, k = a.shape
+        out = gemm(a.reshape(v * m, k), b, a_major="k", b_major=b_major, out_dtype=out_dtype,
+                   device=dev)
+        return out.reshape(v, m, -1), 0
+    size = a.shape[da] if da is not None else b.shape[db]
+    a = batching.bdim_at_front(a, da, size)
+    b = batching.bdim_at_front(b, db, size)
+    merged = a.ndim == 4
+    if merged:  # already batched: merge the vmapped axis into the batch
+        a = a.reshape(-1, *a.shape[2:])
+        b = b.reshape(-1, *b.shape[2:])
+    out = gemm(a, b, a_major=a_major, b_major=b_major, out_dtype=out_dtype, device=dev)
+    return (out.reshape(size, -1, *out.shape[-2:]) if merged else out), 0
+
+
+batching.primitive_batchers[gemm_p] = _batch_rule

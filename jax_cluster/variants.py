@@ -1,0 +1,92 @@
+"""The menu of compiled kernel variants, read from ``variants.json``.
+
+The build (``cc/gen_variants.py``) and the planner both read this module, so it
+must not import jax: it runs at build time too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+MENU_PATH = pathlib.Path(__file__).with_name("variants.json")
+
+# Which schedules each kernel kind can run; the Plan's schedule must be one.
+SCHEDULES_BY_KIND = {
+    "cooperative": ("static", "stream_k", "split_k"),
+    "pingpong": ("static",),
+    "2sm_clc": ("clc",),
+    "1sm_clc": ("clc",),
+    "2sm_static": ("static",),
+    "1sm_static": ("static",),
+}
+DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    family: str
+    arch: str
+    kind: str
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    cluster_m: int
+    cluster_n: int
+    stages: int
+    dtype: str
+    out: str
+    a_major: str
+    b_major: str
+    header: str
+
+    @property
+    def mma(self) -> str:
+        return "2cta" if self.kind.startswith("2sm") else "1cta"
+
+    @property
+    def schedules(self) -> tuple[str, ...]:
+        return SCHEDULES_BY_KIND[self.kind]
+
+    @property
+    def cluster_size(self) -> int:
+        return self.cluster_m * self.cluster_n
+
+    @property
+    def cta_tile_m(self) -> int:
+        """Rows of the output one CTA owns (a 2-CTA MMA splits M over the pair)."""
+        return self.tile_m // 2 if self.mma == "2cta" else self.tile_m
+
+    @property
+    def name(self) -> str:
+        return (f"{self.family}_{self.dtype}_{self.out}_{self.a_major}{self.b_major}_"
+                f"{self.tile_m}x{self.tile_n}x{self.tile_k}_c{self.cluster_m}x{self.cluster_n}_"
+                f"s{self.stages}_{self.kind}")
+
+
+def _check(row: dict, family: dict) -> None:
+    if row["kind"] not in SCHEDULES_BY_KIND:
+        raise ValueError(f"variants.json: unknown kind {row['kind']!r}")
+    if row["dtype"] not in ("bf16", "f16") or row["out"] not in DTYPE_BYTES:
+        raise ValueError(f"variants.json: unsupported dtypes in {row}")
+    if row["a_major"] not in "km" or row["b_major"] not in "kn":
+        raise ValueError(f"variants.json: bad operand majors in {row}")
+    if family["arch"] not in ("sm90a", "sm100a"):
+        raise ValueError(f"variants.json: unknown arch {family['arch']!r}")
+
+
+def load_menu(path: pathlib.Path = MENU_PATH) -> tuple[Variant, ...]:
+    menu = json.loads(path.read_text())
+    out = []
+    for row in menu["variants"]:
+        family = menu["families"][row["family"]]
+        _check(row, family)
+        tm, tn, tk = row["tile"]
+        cm, cn = row["cluster"]
+        out.append(Variant(row["family"], family["arch"], row["kind"], tm, tn, tk, cm, cn,
+                           row["stages"], row["dtype"], row["out"], row["a_major"],
+                           row["b_major"], family["header"]))
+    names = [v.name for v in out]
+    if len(set(names)) != len(names):
+        raise ValueError("variants.json: two rows give the same variant")
+    return tuple(out)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine: build with 16 jobs, then the steps in
+# $STEPS (default: tests bench grid); every log lands in $OUT.
+# The machine has no network: carry the nvidia-cutlass wheel in .whl/ (see README).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/jax_cluster_out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
+step() { echo "== $(date +%T) $*"; }
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
+
+step build
+if ! "$PY" -m pip install -v --no-build-isolation --no-deps -C cmake.define.JAX_CLUSTER_CUDA=ON \
+    -C build-dir=/tmp/jax_cluster_build . >"$OUT/build.log" 2>&1; then
+  tail -50 "$OUT/build.log"; exit 1
+fi
+grep -E "warning C7510|spill" "$OUT/build.log" | head -5
+(cd /tmp && "$PY" -c 'import jax_cluster; print(jax_cluster.info())') | tee "$OUT/info.txt"
+
+PYTEST=$(dirname "$(command -v "$PY")")/pytest
+for part in ${STEPS:-tests bench grid}; do
+  case $part in
+    tests) step "tests (all but the size grid)"
+           "$PYTEST" -q -rs -p no:cacheprovider -k "not size_grid" tests 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+    bench) step benchmark
+           "$PY" benchmarks/bench_matmul.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" ;;
+    grid)  step "size grid"
+           "$PYTEST" -q -rs -s -p no:cacheprovider -k size_grid tests 2>&1 | tee "$OUT/grid.log" | tail -25 ;;
+  esac
+done
+step done

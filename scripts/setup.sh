@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Makes .venv (Python >= 3.12), installs the build and test dependencies and
+# builds jax_cluster into it. Kernels are built when nvcc is found (CUDACXX,
+# PATH, /usr/local/cuda or the nvidia-cuda-nvcc wheel); JAX_CLUSTER_REQUIRE_KERNELS=1
+# makes a build without them an error.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  "$(bash scripts/find_python.sh)" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+"$PY" -m pip install -q --upgrade pip
+"$PY" -m pip install -q "jax>=0.11" numpy "nanobind>=2.0" "scikit-build-core>=0.10" \
+  "nvidia-cutlass==4.2.0.0" pytest nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm cmake ninja
+
+cuda=AUTO
+[ "${JAX_CLUSTER_REQUIRE_KERNELS:-0}" = 1 ] && cuda=ON
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+"$PY" -m pip install -q --no-build-isolation --no-deps -C "cmake.define.JAX_CLUSTER_CUDA=$cuda" .
+"$PY" -c 'import jax_cluster; print(jax_cluster.info())'

@@ -1,0 +1,43 @@
+"""Reference checks shared by the CPU and GPU tests."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_key = [jax.random.key(int.from_bytes(np.random.bytes(4), "little"))]
+
+
+def fresh_key():
+    """A new key per call; the seed is random, so every run draws new inputs."""
+    _key[0], sub = jax.random.split(_key[0])
+    return sub
+
+
+def randn(shape, dtype, device=None):
+    x = jax.random.normal(fresh_key(), shape, jnp.float32).astype(dtype)
+    return jax.device_put(x, device) if device is not None else x
+
+
+def rel_error(out, ref) -> float:
+    out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
+    ref = np.asarray(jnp.asarray(ref, jnp.float32), np.float64)
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    assert np.isfinite(out).all(), "non-finite output: an element was not written"
+    denom = np.linalg.norm(ref)
+    return float(np.linalg.norm(out - ref) / (denom if denom > 0 else 1.0))
+
+
+def tolerance(out_dtype) -> float:
+    """Relative-norm bound: the output's rounding dominates (inputs are exact
+    in the reference, and accumulation is fp32)."""
+    return max(float(jnp.finfo(out_dtype).eps), 1e-4)
+
+
+def reference(a, b, a_major="k", b_major="n"):
+    """float64 product on the host, from the operands as stored."""
+    a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+    b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
+    if a_major == "m":
+        a = np.swapaxes(a, -1, -2)
+    if b_major == "k":
+        b = np.swapaxes(b, -1, -2)
+    return a @ b

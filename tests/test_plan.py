@@ -1,0 +1,124 @@
+"""The planner's choices and explain(), on described (not present) devices."""
+import dataclasses
+
+import jax.numpy as jnp
+import pytest
+
+import jax_cluster
+from jax_cluster import _ffi, variants
+from jax_cluster.device import DeviceInfo, arch_for_compute_capability
+from jax_cluster.plan import KERNEL_FIELDS
+
+needs_kernels = pytest.mark.skipif(not _ffi.with_kernels(), reason="built without kernels")
+
+
+def described(cc, sms=132):
+    return DeviceInfo("cuda", f"described cc {cc}", cc, sms, 232448, 50 << 20)
+
+
+H200 = described((9, 0))
+B200 = described((10, 0), 148)
+
+
+@pytest.mark.parametrize("cc,arch", [((9, 0), "sm90a"), ((10, 0), "sm100a"), ((10, 3), "sm100a"),
+                                     ((8, 0), None), ((8, 9), None), ((12, 0), None),
+                                     ((12, 1), None), ((9, 1), None)])
+def test_dispatch_table_by_compute_capability(cc, arch):
+    assert arch_for_compute_capability(cc) == arch
+    p = jax_cluster.plan(4096, 4096, 4096, dtype=jnp.bfloat16, device=described(cc))
+    if arch is None:
+        assert p.path == "xla" and "compute capability" in p.reason
+    elif _ffi.with_kernels():
+        assert p.path == "kernel" and p.arch == arch
+
+
+def test_cpu_device_falls_back():
+    p = jax_cluster.plan(64, 64, 64, dtype=jnp.bfloat16, device=DeviceInfo("cpu"))
+    assert p.path == "xla" and "cpu" in p.reason
+
+
+@needs_kernels
+def test_h200_plan_is_a_compiled_sm90_variant():
+    p = jax_cluster.plan(8192, 8192, 8192, dtype=jnp.bfloat16, device=H200)
+    menu = {v.name: v for v in variants.load_menu()}
+    v = menu[p.variant]
+    assert p.path == "kernel" and p.arch == "sm90a" == v.arch
+    assert (p.tile_m, p.tile_n, p.tile_k, p.cluster_m, p.cluster_n, p.stages) == (
+        v.tile_m, v.tile_n, v.tile_k, v.cluster_m, v.cluster_n, v.stages)
+    assert p.residency == "modelled" and p.max_active_clusters == 132 // v.cluster_size
+    assert p.schedule in v.schedules and p.raster in ("along_m", "along_n")
+    assert p.swizzle in (1, 2, 4, 8)
+
+
+@needs_kernels
+@pytest.mark.parametrize("m,n,k,a_major,b_major,what", [
+    (64, 64, 7, "k", "n", "A's K"),
+    (64, 7, 64, "k", "n", "B's N"),
+    (64, 60, 64, "k", "k", "the output's N"),
+    (7, 64, 64, "m", "n", "A's M"),
+])
+def test_misaligned_problems_fall_back_with_reason(m, n, k, a_major, b_major, what):
+    p = jax_cluster.plan(m, n, k, dtype=jnp.bfloat16, device=H200, a_major=a_major, b_major=b_major)
+    assert p.path == "xla" and "16-byte" in p.reason and what in p.reason
+
+
+@needs_kernels
+def test_unsupported_dtype_combinations_fall_back():
+    p = jax_cluster.plan(64, 64, 64, dtype=jnp.float32, device=H200)
+    assert p.path == "xla" and "bf16 or f16" in p.reason
+    p = jax_cluster.plan(64, 64, 64, dtype=jnp.bfloat16, out_dtype=jnp.float16, device=H200)
+    assert p.path == "xla" and "not f16" in p.reason
+
+
+@needs_kernels
+def test_layout_without_a_variant_falls_back():
+    p = jax_cluster.plan(64, 64, 64, dtype=jnp.bfloat16, device=H200, a_major="m", b_major="k")
+    assert p.path == "xla" and "no compiled sm90a variant" in p.reason
+
+
+@needs_kernels
+def test_overrides_pin_choices():
+    p = jax_cluster.plan(4096, 4096, 4096, dtype=jnp.bfloat16, device=H200, tile=(128, 128, 64),
+                         schedule="stream_k", swizzle=2, raster="along_m")
+    assert (p.tile_m, p.tile_n, p.schedule, p.swizzle, p.raster) == (128, 128, "stream_k", 2, "along_m")
+    assert jax_cluster.plan(64, 64, 64, dtype=jnp.bfloat16, device=H200, path="xla").path == "xla"
+    with pytest.raises(ValueError, match="no compiled variant matches"):
+        jax_cluster.plan(64, 64, 64, dtype=jnp.bfloat16, device=H200, tile=(8, 8, 8))
+    with pytest.raises(TypeError, match="unknown override"):
+        jax_cluster.plan(64, 64, 64, dtype=jnp.bfloat16, device=H200, tiles=(8, 8, 8))
+
+
+@needs_kernels
+def test_few_waves_prefer_stream_k_or_smaller_tiles():
+    # 1536 x 1536 in 128x256 tiles is 72 tiles for 66 clusters: a tail of one wave.
+    p = jax_cluster.plan(1536, 1536, 32768, dtype=jnp.bfloat16, device=H200)
+    assert p.schedule == "stream_k" or p.tile_n == 128
+    assert p.predicted_efficiency > 0.8
+
+
+@needs_kernels
+def test_ffi_attrs_match_the_cpp_plan_struct():
+    p = jax_cluster.plan(256, 256, 256, dtype=jnp.bfloat16, device=H200)
+    assert tuple(_ffi.extension().plan_fields()) == KERNEL_FIELDS
+    assert tuple(p.ffi_attrs()) == KERNEL_FIELDS
+    assert {f.name for f in dataclasses.fields(p)} >= set(KERNEL_FIELDS)
+
+
+@needs_kernels
+def test_sm100_plan_uses_2cta_clc():
+    p = jax_cluster.plan(8192, 8192, 8192, dtype=jnp.bfloat16, device=B200, b_major="k")
+    assert p.path == "kernel" and p.arch == "sm100a" and p.mma == "2cta" and p.schedule == "clc"
+
+
+def test_explain_has_five_parts():
+    for dev in (H200, DeviceInfo("cpu")):
+        text = jax_cluster.plan(4096, 4096, 4096, dtype=jnp.bfloat16, device=dev).explain()
+        for i, part in enumerate(("Decision", "Evidence", "Contract", "Timeline", "Validation"), 1):
+            assert f"{i}. {part}" in text
+
+
+def test_info_reports_build_and_path():
+    text = str(jax_cluster.info(device=H200))
+    assert "kernels:" in text and "path" in text
+    info = jax_cluster.info(device=DeviceInfo("cpu"))
+    assert info.sample_path == "xla"
