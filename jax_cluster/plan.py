@@ -109,11 +109,40 @@ def _resident_clusters(v: variants.Variant, device: DeviceInfo) -> tuple[int, st
     return (device.sm_count or 0) // v.cluster_size, "modelled"
 
 
-def _score(v: variants.Variant, m, n, k, batch, clusters, schedule):
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def _cluster_tiles(v: variants.Variant, m, n, batch, swizzle) -> int:
+    """Cluster tiles the persistent scheduler walks: CUTLASS pads the tile grid
+    to multiples of swizzle x cluster, and padded tiles still run the mainloop."""
+    tiles_m = _round_up(math.ceil(m / v.cta_tile_m), swizzle * v.cluster_m)
+    tiles_n = _round_up(math.ceil(n / v.tile_n), swizzle * v.cluster_n)
+    return tiles_m * tiles_n // v.cluster_size * batch
+
+
+# CUTLASS lowers the swizzle to fit the smaller tile dimension: s needs min >= this.
+_SWIZZLE_MIN_TILES = {2: 2, 4: 3, 8: 6}
+_SWIZZLE_PADDING_BUDGET = 1.03
+
+
+def _raster_and_swizzle(v: variants.Variant, m, n, batch) -> tuple[str, int]:
+    tiles_m, tiles_n = math.ceil(m / v.cta_tile_m), math.ceil(n / v.tile_n)
+    # CUTLASS's own rule: walk along M when the grid is wider than tall.
+    raster = "along_m" if tiles_n > tiles_m else "along_n"
+    base = _cluster_tiles(v, m, n, batch, 1)
+    swizzle = 1
+    for s, need in _SWIZZLE_MIN_TILES.items():
+        # Wider swizzles reuse operands in L2, but only while padding stays cheap.
+        if min(tiles_m, tiles_n) >= need and (
+                _cluster_tiles(v, m, n, batch, s) <= base * _SWIZZLE_PADDING_BUDGET):
+            swizzle = s
+    return raster, swizzle
+
+
+def _score(v: variants.Variant, m, n, k, batch, clusters, schedule, swizzle):
     """(modelled time in tile-units, waves, efficiency) for one candidate."""
-    tiles_m = math.ceil(m / v.cta_tile_m)
-    tiles_n = math.ceil(n / v.tile_n)
-    cluster_tiles = math.ceil(tiles_m / v.cluster_m) * math.ceil(tiles_n / v.cluster_n) * batch
+    cluster_tiles = _cluster_tiles(v, m, n, batch, swizzle)
     waves = cluster_tiles / clusters
     tile_cost = v.cta_tile_m * v.tile_n * v.cluster_size / _TILE_EFFICIENCY.get(
         (v.cta_tile_m, v.tile_n), 0.8)
@@ -121,21 +150,8 @@ def _score(v: variants.Variant, m, n, k, batch, clusters, schedule):
         time = waves * tile_cost * _STREAM_K_OVERHEAD
     else:
         time = math.ceil(waves) * tile_cost
-    useful = m * n * batch
-    efficiency = useful / (time * clusters)
+    efficiency = m * n * batch / (time * clusters)
     return time, waves, min(1.0, efficiency)
-
-
-def _raster_and_swizzle(v: variants.Variant, m, n, clusters) -> tuple[str, int]:
-    tiles_m = math.ceil(m / v.cta_tile_m)
-    tiles_n = math.ceil(n / v.tile_n)
-    # Walk along the shorter side so a wave's tiles share operands in L2.
-    raster = "along_m" if tiles_n > tiles_m else "along_n"
-    swizzle = 1
-    for s in (2, 4, 8):
-        if tiles_m * tiles_n >= 2 * clusters * v.cluster_size and min(tiles_m, tiles_n) >= 2 * s:
-            swizzle = s
-    return raster, swizzle
 
 
 def plan_gemm(m: int, n: int, k: int, *, dtype, out_dtype=None, batch: int = 1,
@@ -200,19 +216,21 @@ def plan_gemm(m: int, n: int, k: int, *, dtype, out_dtype=None, batch: int = 1,
             if schedule not in v.schedules:
                 raise ValueError(f"plan(): variant {v.name} cannot run schedule {schedule!r}; "
                                  f"it runs {v.schedules}")
-            time, waves, eff = _score(v, m, n, k, batch, clusters, schedule)
+            raster, swizzle = _raster_and_swizzle(v, m, n, batch)
+            raster = overrides.get("raster", raster)
+            swizzle = int(overrides.get("swizzle", swizzle))
+            time, waves, eff = _score(v, m, n, k, batch, clusters, schedule, swizzle)
             key = (time, schedule != "static")
             if best is None or key < best[0]:
-                best = (key, v, clusters, residency, schedule, waves, eff)
+                best = (key, v, clusters, residency, schedule, raster, swizzle, waves, eff)
     if best is None:
         return fallback("no candidate variant fits on this device (cudaOccupancyMaxActiveClusters = 0)")
-    _, v, clusters, residency, schedule, waves, eff = best
-    raster, swizzle = _raster_and_swizzle(v, m, n, clusters)
+    _, v, clusters, residency, schedule, raster, swizzle, waves, eff = best
     splits = int(overrides.get("splits", 1 if schedule != "split_k" else 2))
     plan = Plan(path="kernel", reason="", **base, variant=v.name, arch=arch, tile_m=v.tile_m,
                 tile_n=v.tile_n, tile_k=v.tile_k, cluster_m=v.cluster_m, cluster_n=v.cluster_n,
                 stages=v.stages, mma=v.mma, schedule=schedule, splits=splits,
-                raster=overrides.get("raster", raster), swizzle=int(overrides.get("swizzle", swizzle)),
+                raster=raster, swizzle=swizzle,
                 sm_count=int(dev.sm_count), max_active_clusters=int(clusters), residency=residency,
                 waves=waves, predicted_efficiency=eff)
     reason = (f"{v.name} fits: {waves:.2f} waves of {clusters} resident {v.cluster_m}x{v.cluster_n} "

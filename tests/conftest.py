@@ -7,6 +7,10 @@ os.environ.setdefault("JAX_CLUSTER_POISON_OUTPUT", "1")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+# The fallback tests compare float32 dots with float64; on a GPU XLA's default
+# would be TF32. The kernels (bf16/f16) ignore this setting.
+jax.config.update("jax_default_matmul_precision", "highest")
+
 import jax_cluster  # noqa: E402
 from jax_cluster import _ffi  # noqa: E402
 

@@ -68,10 +68,13 @@ def run_case(m, n, k, dtype, out_dtype, a_major="k", b_major="n"):
 def test_size_grid(b_major, dtype, out_dtype):
     failures, kernel_cases = [], 0
     for m, n, k in itertools.product(SIZES, repeat=3):
-        plan, err, repeat = run_case(m, n, k, dtype, out_dtype, b_major=b_major)
-        kernel_cases += plan.uses_kernel
+        plan = jax_cluster.plan(m, n, k, dtype=dtype, out_dtype=out_dtype, b_major=b_major)
         if not plan.uses_kernel:
             assert plan.reason, (m, n, k)
+            if (dtype, out_dtype) != DTYPES[0]:
+                continue  # XLA's own dot: checked once per layout, in bf16
+        plan, err, repeat = run_case(m, n, k, dtype, out_dtype, b_major=b_major)
+        kernel_cases += plan.uses_kernel
         if not err < tolerance(out_dtype) or not repeat:
             failures.append((m, n, k, plan.path, plan.variant, err, repeat))
     print(f"\n{jnp.dtype(dtype).name}->{jnp.dtype(out_dtype).name} B {b_major}-major: "

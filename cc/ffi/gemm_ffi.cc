@@ -100,10 +100,12 @@ ffi::Error gemm_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
       return ffi::Error::Internal("jax_cluster_gemm: cudaMemsetAsync failed");
     return ffi::Error::Success();
   }
+  // XLA makes the stream's context current before running the call;
+  // cudaStreamGetDevice would fail on the streams it captures into graphs.
   int device_id = 0;
-  if (cudaStreamGetDevice(stream, &device_id) != cudaSuccess) {
+  if (cudaGetDevice(&device_id) != cudaSuccess) {
     cudaGetLastError();
-    return ffi::Error::Internal("jax_cluster_gemm: cannot find the stream's device");
+    return ffi::Error::Internal("jax_cluster_gemm: no current CUDA device");
   }
   if (std::string err = check_device(plan, &dispatch, device_id); !err.empty())
     return invalid(err);
