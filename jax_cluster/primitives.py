@@ -66,8 +66,10 @@ def _xla_gemm(a, b, *, a_major, b_major, out_dtype, plan):
     batch = tuple(range(nb))
     contract_a = nb + 1 if a_major == "k" else nb
     contract_b = nb + 1 if b_major == "k" else nb
+    # fp32 accumulation like the kernels: asked for bf16, XLA turns degenerate
+    # dots (K=1, M=N=1) into bf16 multiply-reduces that lose ~1e-2.
     out = lax.dot_general(a, b, (((contract_a,), (contract_b,)), (batch, batch)),
-                          preferred_element_type=out_dtype)
+                          preferred_element_type=jnp.float32)
     return out.astype(out_dtype)
 
 

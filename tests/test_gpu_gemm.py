@@ -90,13 +90,14 @@ def test_size_grid():
             plan = jax_cluster.plan(m, n, k, dtype=dtype, out_dtype=out_dtype, b_major=b_major)
             kernel_cases += plan.uses_kernel
             assert plan.uses_kernel or plan.reason
-            if not err < tolerance(out_dtype) or not repeat:
+            # bit-equality is the kernel's promise; XLA may fuse two copies of its dot differently
+            if not err < tolerance(out_dtype) or (plan.uses_kernel and not repeat):
                 failures.append((m, n, k, jnp.dtype(dtype).name, jnp.dtype(out_dtype).name,
                                  b_major, plan.variant or "xla", float(err), bool(repeat)))
     print(f"\nsize grid: {len(shapes)} shapes x {len(COMBOS)} dtype/layout combinations, "
           f"{kernel_cases} on the kernel, {len(failures)} failures")
     assert kernel_cases > 0
-    assert not failures, failures[:20]
+    assert not failures, "\n".join(map(str, failures[:40]))
 
 
 @pytest.mark.parametrize("schedule", ["static", "stream_k", "split_k"])
