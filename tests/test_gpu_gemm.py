@@ -60,7 +60,8 @@ def _grid_shape(m, n, k):
         b32 = jax.random.normal(kb, (k, n), jnp.float32)
         errs, same = [], []
         for dtype, out_dtype, b_major in COMBOS:
-            a, b = a32.astype(dtype), b32.astype(dtype)
+            # the barrier keeps XLA (excess precision allowed) from eliding the rounding
+            a, b = lax.optimization_barrier((a32.astype(dtype), b32.astype(dtype)))
             ref = jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32),
                           precision=lax.Precision.HIGHEST)
             if b_major == "k":
