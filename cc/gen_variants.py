@@ -36,6 +36,8 @@ def _template(v) -> str:
 def _instantiation(v) -> str:
     return (f"// Generated from jax_cluster/variants.json by cc/gen_variants.py.\n"
             f'#include "{v.header}"\n\n'
+            f"// Names this cubin for the SASS contract test (tests/test_sass_contract.py).\n"
+            f"__device__ __attribute__((used)) char jax_cluster_variant_{v.name};\n\n"
             f"namespace jax_cluster::generated {{\n"
             f"const VariantOps& ops_{v.name}() {{ return {_template(v)}::ops; }}\n"
             f"}}  // namespace jax_cluster::generated\n")

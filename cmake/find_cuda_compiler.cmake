@@ -16,6 +16,8 @@ if(NOT JAX_CLUSTER_CUDA STREQUAL "OFF")
         message(STATUS "jax_cluster: using nvcc from the CUDA compiler wheels: ${_jc_wheel_nvcc}")
         set(CMAKE_CUDA_COMPILER "${_jc_wheel_nvcc}" CACHE FILEPATH "" FORCE)
         get_filename_component(CUDAToolkit_ROOT "${_jc_wheel_nvcc}/../.." ABSOLUTE)
+        # The wheels keep libcudart in lib/, where nvcc's own link looks in lib64/.
+        set(CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS} -L${CUDAToolkit_ROOT}/lib")
       endif()
     endif()
   endif()

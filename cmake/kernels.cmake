@@ -54,8 +54,8 @@ target_sources(_ext PRIVATE ${_jc_table} cc/dispatch/variant_table.cc cc/dispatc
 foreach(_lib IN LISTS _jc_kernel_libs)
   target_sources(_ext PRIVATE $<TARGET_OBJECTS:${_lib}>)
 endforeach()
-target_include_directories(_ext PRIVATE "${XLA_FFI_INCLUDE_DIR}")
-target_link_libraries(_ext PRIVATE CUDA::cudart_static)
+target_include_directories(_ext PRIVATE "${XLA_FFI_INCLUDE_DIR}" ${CMAKE_CUDA_TOOLKIT_INCLUDE_DIRECTORIES})
+target_link_libraries(_ext PRIVATE "${JAX_CLUSTER_CUDART_STATIC}" Threads::Threads ${CMAKE_DL_LIBS} rt)
 set_target_properties(_ext PROPERTIES CUDA_ARCHITECTURES OFF)
 target_compile_definitions(_ext PRIVATE JAX_CLUSTER_WITH_CUDA=1
   JAX_CLUSTER_ARCHS="${_jc_archs_csv}" JAX_CLUSTER_CUDA_COMPILER="${CMAKE_CUDA_COMPILER} ${CMAKE_CUDA_COMPILER_VERSION}")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 
@@ -53,8 +54,11 @@ def describe(device=None) -> DeviceInfo:
     """
     if isinstance(device, DeviceInfo):
         return device
-    if device is None:
-        device = jax.devices()[0]
+    return _describe_present(jax.devices()[0] if device is None else device)
+
+
+@functools.cache  # every trace plans; the facts of a present device do not change
+def _describe_present(device) -> DeviceInfo:
     if not _is_cuda(device):
         return DeviceInfo(platform=device.platform, name=getattr(device, "device_kind", ""),
                           source="queried")

@@ -22,6 +22,7 @@ def _evidence(p) -> list[str]:
         rows.append(f"resident clusters: {p.max_active_clusters} ({p.residency})")
         rows.append(f"waves: {p.waves:.2f}, predicted efficiency {p.predicted_efficiency:.0%} (modelled)")
         rows.append(f"workspace: {p.workspace_bytes} bytes through XLA (queried from the variant)")
+    rows.extend(f"note: {note}" for note in p.notes)
     return rows
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax.numpy as jnp
 import numpy as np
 
 from jax_cluster import _ffi, variants
@@ -18,14 +19,15 @@ KERNEL_FIELDS = ("variant", "arch", "tile_m", "tile_n", "tile_k", "cluster_m", "
                  "stages", "mma", "schedule", "splits", "raster", "swizzle", "sm_count",
                  "max_active_clusters")
 _OVERRIDABLE = ("variant", "tile", "cluster", "schedule", "splits", "raster", "swizzle")
-# Relative mainloop efficiency of a CTA tile (a modelled lead, refined on the
-# H200 by the benchmarks): small tiles re-read operands more per FLOP.
-_TILE_EFFICIENCY = {(128, 256): 1.0, (256, 256): 1.0, (128, 128): 0.88}
+# Relative mainloop efficiency of an MMA tile (a modelled lead, refined on the
+# H200 by the benchmarks): smaller tiles re-read operands more per FLOP, and a
+# 2-CTA UMMA halves each CTA's share of B.
+_TILE_EFFICIENCY = {("sm90a", 128, 256): 1.0, ("sm90a", 128, 128): 0.88,
+                    ("sm100a", 256, 256): 1.0, ("sm100a", 128, 256): 0.92}
 _STREAM_K_OVERHEAD = 1.10   # partial-tile fix-up traffic, modelled
 
 
 def dtype_name(dtype) -> str:
-    import jax.numpy as jnp
     dt = np.dtype(dtype)
     for name, ref in (("bf16", jnp.bfloat16), ("f16", jnp.float16), ("f32", jnp.float32)):
         if dt == np.dtype(ref):
@@ -144,13 +146,13 @@ def _score(v: variants.Variant, m, n, k, batch, clusters, schedule, swizzle):
     """(modelled time in tile-units, waves, efficiency) for one candidate."""
     cluster_tiles = _cluster_tiles(v, m, n, batch, swizzle)
     waves = cluster_tiles / clusters
-    tile_cost = v.cta_tile_m * v.tile_n * v.cluster_size / _TILE_EFFICIENCY.get(
-        (v.cta_tile_m, v.tile_n), 0.8)
+    # the CTAs of a cluster work side by side: a wave costs one CTA tile
+    tile_cost = v.cta_tile_m * v.tile_n / _TILE_EFFICIENCY.get((v.arch, v.tile_m, v.tile_n), 0.8)
     if schedule == "stream_k":
         time = waves * tile_cost * _STREAM_K_OVERHEAD
     else:
         time = math.ceil(waves) * tile_cost
-    efficiency = m * n * batch / (time * clusters)
+    efficiency = m * n * batch / (time * clusters * v.cluster_size)
     return time, waves, min(1.0, efficiency)
 
 
@@ -205,10 +207,12 @@ def plan_gemm(m: int, n: int, k: int, *, dtype, out_dtype=None, batch: int = 1,
                          f"the menu is in {variants.MENU_PATH.name}")
 
     k_tiles = math.ceil(k / candidates[0].tile_k)
-    best = None
+    best, notes = None, []
     for v in candidates:
         clusters, residency = _resident_clusters(v, dev)
-        if clusters < 1:
+        if clusters < 1:  # step down: smaller clusters and 1-CTA rows stay candidates
+            notes.append(f"{v.name}: no {v.cluster_m}x{v.cluster_n} cluster can be resident "
+                         f"({residency}), not considered")
             continue
         schedules = [overrides["schedule"]] if "schedule" in overrides else [
             s for s in v.schedules if s != "split_k" and (s != "stream_k" or k_tiles >= 4)]
@@ -224,7 +228,9 @@ def plan_gemm(m: int, n: int, k: int, *, dtype, out_dtype=None, batch: int = 1,
             if best is None or key < best[0]:
                 best = (key, v, clusters, residency, schedule, raster, swizzle, waves, eff)
     if best is None:
-        return fallback("no candidate variant fits on this device (cudaOccupancyMaxActiveClusters = 0)")
+        return dataclasses.replace(fallback(
+            "no candidate variant fits on this device (cudaOccupancyMaxActiveClusters = 0)"),
+            notes=tuple(notes))
     _, v, clusters, residency, schedule, raster, swizzle, waves, eff = best
     splits = int(overrides.get("splits", 1 if schedule != "split_k" else 2))
     plan = Plan(path="kernel", reason="", **base, variant=v.name, arch=arch, tile_m=v.tile_m,
@@ -232,7 +238,7 @@ def plan_gemm(m: int, n: int, k: int, *, dtype, out_dtype=None, batch: int = 1,
                 stages=v.stages, mma=v.mma, schedule=schedule, splits=splits,
                 raster=raster, swizzle=swizzle,
                 sm_count=int(dev.sm_count), max_active_clusters=int(clusters), residency=residency,
-                waves=waves, predicted_efficiency=eff)
+                waves=waves, predicted_efficiency=eff, notes=tuple(notes))
     reason = (f"{v.name} fits: {waves:.2f} waves of {clusters} resident {v.cluster_m}x{v.cluster_n} "
               f"clusters, {schedule} schedule, modelled efficiency {eff:.0%}")
     ws = _ffi.extension().workspace_size(plan.ffi_attrs(), plan.m, plan.n, plan.k, plan.batch)

@@ -16,7 +16,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from jax_cluster import _ffi
-from jax_cluster.plan import Plan, plan_gemm
+from jax_cluster.plan import Plan, dtype_name, plan_gemm
 
 SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 
@@ -103,15 +103,16 @@ def gemm(a, b, *, a_major="k", b_major="n", out_dtype=None, plan: Plan | None = 
     out_dtype = np.dtype(out_dtype if out_dtype is not None else a.dtype)
     batch, m, n, k, _ = _dims(a.shape, b.shape, a_major, b_major)
     nbatch = int(np.prod(batch)) if batch else 1
-    shape_key = (m, n, k, nbatch, a_major, b_major)
+    call = (m, n, k, nbatch, a_major, b_major, dtype_name(a.dtype), dtype_name(out_dtype))
     if plan is None:
         plan = plan_gemm(m, n, k, dtype=a.dtype, out_dtype=out_dtype, batch=nbatch,
                          a_major=a_major, b_major=b_major, device=device)
-    elif (plan.m, plan.n, plan.k, plan.batch, plan.a_major, plan.b_major) != shape_key:
+    elif (plan.m, plan.n, plan.k, plan.batch, plan.a_major, plan.b_major, plan.dtype,
+          plan.out_dtype) != call:
         raise ValueError(f"jax_cluster: the plan was made for M={plan.m} N={plan.n} K={plan.k} "
-                         f"batch={plan.batch} A {plan.a_major}-major B {plan.b_major}-major, "
-                         f"but this call is M={m} N={n} K={k} batch={nbatch} "
-                         f"A {a_major}-major B {b_major}-major")
+                         f"batch={plan.batch} A {plan.a_major}-major B {plan.b_major}-major "
+                         f"{plan.dtype}->{plan.out_dtype}, but this call is M={m} N={n} K={k} "
+                         f"batch={nbatch} A {a_major}-major B {b_major}-major {call[6]}->{call[7]}")
     return gemm_p.bind(a, b, a_major=a_major, b_major=b_major, out_dtype=out_dtype, plan=plan)
 
 

@@ -6,6 +6,7 @@ must not import jax: it runs at build time too.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import pathlib
 
@@ -75,6 +76,7 @@ def _check(row: dict, family: dict) -> None:
         raise ValueError(f"variants.json: unknown arch {family['arch']!r}")
 
 
+@functools.cache
 def load_menu(path: pathlib.Path = MENU_PATH) -> tuple[Variant, ...]:
     menu = json.loads(path.read_text())
     out = []

@@ -10,7 +10,7 @@ for cand in "${PYTHON:-}" python3 python3.13 python3.12; do
     command -v "$cand"; exit 0
   fi
 done
-for root in "${PYENV_ROOT:-$HOME/.pyenv}" /root/.pyenv; do
+for root in "${PYENV_ROOT:-$HOME/.pyenv}"; do
   for cand in $(ls -d "$root"/versions/3.1[2-9]*/bin/python3 2>/dev/null | sort -rV); do
     if ok "$cand"; then echo "$cand"; exit 0; fi
   done

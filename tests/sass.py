@@ -1,9 +1,8 @@
 """Finds the built extension and disassembles it with cuobjdump."""
+import os
 import pathlib
 import shutil
 import subprocess
-
-import jax_cluster
 
 
 def extension_path() -> pathlib.Path:
@@ -26,11 +25,13 @@ def cuobjdump() -> str | None:
     return None
 
 
-def run(*args: str) -> str:
+def run_on(path, *args: str) -> str:
+    """cuobjdump ARGS PATH; the wheel's nvdisasm, which --dump-sass needs, sits beside it."""
     tool = cuobjdump()
-    env = None
-    if tool and "site-packages" in tool:  # the wheel's nvdisasm sits beside it
-        import os
-        env = dict(os.environ, PATH=str(pathlib.Path(tool).parent) + os.pathsep + os.environ["PATH"])
-    return subprocess.run([tool, *args, str(extension_path())], check=True, capture_output=True,
-                          text=True, env=env).stdout
+    env = dict(os.environ, PATH=str(pathlib.Path(tool).parent) + os.pathsep + os.environ["PATH"])
+    return subprocess.run([tool, *args, str(path)], check=True, capture_output=True, text=True,
+                          env=env).stdout
+
+
+def run(*args: str) -> str:
+    return run_on(extension_path(), *args)

@@ -114,9 +114,27 @@ def test_ffi_attrs_match_the_cpp_plan_struct():
 
 
 @needs_kernels
-def test_sm100_plan_uses_2cta_clc():
-    p = jax_cluster.plan(8192, 8192, 8192, dtype=jnp.bfloat16, device=B200, b_major="k")
-    assert p.path == "kernel" and p.arch == "sm100a" and p.mma == "2cta" and p.schedule == "clc"
+def test_sm100_plans_use_2cta_umma():
+    for b_major in ("k", "n"):
+        p = jax_cluster.plan(8192, 8192, 8192, dtype=jnp.bfloat16, device=B200, b_major=b_major)
+        assert p.path == "kernel" and p.arch == "sm100a" and p.mma == "2cta"
+    p = jax_cluster.plan(8192, 8192, 8192, dtype=jnp.bfloat16, device=B200, schedule="clc")
+    assert p.schedule == "clc" and "clc" in p.variant
+
+
+@needs_kernels
+def test_residency_steps_down_then_falls_back():
+    # three SMs: a 2x2 or 4x1 cluster cannot be resident, a 2x1 pair can
+    p = jax_cluster.plan(4096, 4096, 4096, dtype=jnp.bfloat16, device=described((10, 0), 3))
+    assert p.path == "kernel" and p.cluster_m * p.cluster_n <= 2
+    assert any("c2x2" in note for note in p.notes) and any("c4x1" in note for note in p.notes)
+    # one SM: only the 1-CTA rows remain
+    p = jax_cluster.plan(4096, 4096, 4096, dtype=jnp.bfloat16, device=described((10, 0), 1))
+    assert p.path == "kernel" and p.mma == "1cta" and (p.cluster_m, p.cluster_n) == (1, 1)
+    # on sm90 every row is a 2x1 cluster: with one SM nothing fits, so XLA
+    p = jax_cluster.plan(4096, 4096, 4096, dtype=jnp.bfloat16, device=described((9, 0), 1))
+    assert p.path == "xla" and "fits" in p.reason and p.notes
+    assert "note:" in p.explain()
 
 
 def test_explain_has_five_parts():

@@ -77,6 +77,9 @@ def test_plan_for_another_problem_is_rejected():
     p = jax_cluster.plan(64, 64, 64, dtype=jnp.bfloat16)
     with pytest.raises(ValueError, match="plan was made for"):
         jax.eval_shape(lambda a, b: jax_cluster.matmul(a, b, plan=p), spec((32, 64)), spec((64, 64)))
+    with pytest.raises(ValueError, match="bf16->bf16, but this call .* f16->f16"):
+        jax.eval_shape(lambda a, b: jax_cluster.matmul(a, b, plan=p),
+                       spec((64, 64), jnp.float16), spec((64, 64), jnp.float16))
 
 
 def test_matmul_shapes_like_numpy():

@@ -1,0 +1,76 @@
+"""The machine code contract of every compiled variant, read from the built
+extension: each generated instantiation carries a marker symbol naming its
+menu row, so each embedded cubin is matched to the variant it must satisfy."""
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+from jax_cluster import _ffi, variants
+import sass
+
+pytestmark = [pytest.mark.skipif(not _ffi.with_kernels(), reason="built without kernels"),
+              pytest.mark.skipif(sass.cuobjdump() is None, reason="cuobjdump not installed")]
+
+MARKER = re.compile(r"jax_cluster_variant_(\w+)")
+
+
+def required(v: variants.Variant) -> dict[str, str]:
+    """Instruction (regex) -> why the variant must contain it."""
+    need = {}
+    if v.arch == "sm90a":
+        need[r"\bHGMMA\."] = "wgmma (warpgroup MMA)"
+        if v.cluster_size > 1:
+            need[r"\bUTMALDG\.[\w.]*MULTICAST"] = "multicast TMA load across the cluster"
+    else:
+        need[r"\bUTC\w*MMA\b"] = "tcgen05 UMMA"
+        if v.mma == "2cta":
+            need[r"\bUTC\w*MMA\.2CTA"] = "2-CTA UMMA (cta_group::2)"
+            need[r"\bUTMALDG\.[\w.]*2CTA"] = "2-SM TMA load"
+        if v.kind.endswith("clc"):
+            need[r"\bUGETNEXTWORKID"] = "Cluster Launch Control work fetch"
+    return need
+
+
+def forbidden(v: variants.Variant) -> dict[str, str]:
+    """Instructions a variant must not contain: they would mean the marker
+    matched the wrong cubin, or the kernel is not the kind its row says."""
+    if v.arch != "sm100a":
+        return {r"\bUTC\w*MMA\b": "tcgen05 in an sm90 kernel"}
+    out = {}
+    if v.mma == "1cta":
+        out[r"\bUTC\w*MMA\.2CTA"] = "2-CTA UMMA in a 1-CTA variant"
+    if not v.kind.endswith("clc"):
+        out[r"\bUGETNEXTWORKID"] = "CLC work fetch in a static variant"
+    return out
+
+
+@pytest.fixture(scope="module")
+def sass_by_variant(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cubins")
+    subprocess.run([sass.cuobjdump(), "-xelf", "all", str(sass.extension_path())], cwd=out,
+                   check=True, capture_output=True)
+    found = {}
+    for cubin in sorted(out.glob("*.cubin")):
+        names = set(MARKER.findall(sass.run_on(cubin, "-elf")))
+        assert len(names) <= 1, (cubin.name, names)
+        if names:
+            found[names.pop()] = sass.run_on(cubin, "--dump-sass")
+    return found
+
+
+def test_every_compiled_variant_has_its_cubin(sass_by_variant):
+    assert set(sass_by_variant) == set(_ffi.compiled_variant_names())
+
+
+@pytest.mark.parametrize("v", variants.load_menu(), ids=lambda v: v.name)
+def test_variant_contains_its_instructions(v, sass_by_variant):
+    if v.name not in _ffi.compiled_variant_names():
+        pytest.skip(f"{v.arch} not built")
+    text = sass_by_variant[v.name]
+    missing = [f"{why} ({pattern})" for pattern, why in required(v).items()
+               if not re.search(pattern, text)]
+    assert not missing, f"{v.name} lacks: " + "; ".join(missing)
+    wrong = [f"{why} ({pattern})" for pattern, why in forbidden(v).items() if re.search(pattern, text)]
+    assert not wrong, f"{v.name} contains: " + "; ".join(wrong)
