@@ -18,11 +18,6 @@ DTYPES = [(jnp.bfloat16, jnp.bfloat16), (jnp.bfloat16, jnp.float32),
 LAYOUTS = [("k", "n"), ("k", "k"), ("m", "n"), ("m", "k")]
 
 
-def stored(shape_mk, major, dtype):
-    rows, cols = shape_mk
-    return randn((rows, cols) if major in ("k",) else (cols, rows), dtype)
-
-
 @pytest.mark.parametrize("m,n,k", SHAPES)
 @pytest.mark.parametrize("dtype,out_dtype", DTYPES)
 @pytest.mark.parametrize("a_major,b_major", LAYOUTS)
