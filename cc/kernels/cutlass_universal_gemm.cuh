@@ -1,0 +1,144 @@
+// One CUTLASS 3.x universal GEMM variant, built from the collective builders:
+// the type, its arguments, and the entry points the dispatch table calls.
+// The sm90 and sm100 families are policy choices over this template.
+#pragma once
+
+#include <type_traits>
+
+#include <cuda_runtime_api.h>
+
+#include <cute/tensor.hpp>
+#include <cutlass/cluster_launch.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/device_kernel.h>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/gemm/kernel/tile_scheduler.hpp>
+#include <cutlass/util/packed_stride.hpp>
+
+#include "common/gemm_problem.h"
+
+namespace jax_cluster {
+
+// Clusters of this kernel that fit on the device at once, counting the
+// dynamic shared memory it really uses; 0 if the query fails.
+template <class Kernel>
+int occupancy_max_active_clusters(int device_id) {
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess) return 0;
+  if (previous != device_id && cudaSetDevice(device_id) != cudaSuccess) return 0;
+  const void* fn = reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>);
+  int smem = static_cast<int>(Kernel::SharedStorageSize);
+  int clusters = 0;
+  if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
+      cudaSuccess) {
+    cudaLaunchConfig_t config = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cute::size<0>(typename Kernel::ClusterShape{});
+    attr[0].val.clusterDim.y = cute::size<1>(typename Kernel::ClusterShape{});
+    attr[0].val.clusterDim.z = 1;
+    config.gridDim = dim3(attr[0].val.clusterDim.x, attr[0].val.clusterDim.y, 1);
+    config.blockDim = dim3(Kernel::MaxThreadsPerBlock, 1, 1);
+    config.dynamicSmemBytes = smem;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&clusters, fn, &config) != cudaSuccess) clusters = 0;
+  }
+  cudaGetLastError();  // a failed query must not poison the next launch
+  if (previous != device_id) cudaSetDevice(previous);
+  return clusters;
+}
+
+template <class Arch, class ElementAB, class ElementD, class LayoutA, class LayoutB,
+          class TileShape, class ClusterShape, int Stages, class MainloopSchedule,
+          class EpilogueSchedule, class TileScheduler>
+struct CutlassUniversalGemm {
+  static constexpr int kAlignAB = 16 / sizeof(ElementAB);
+  static constexpr int kAlignD = 16 / sizeof(ElementD);
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      Arch, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float,
+      void, cutlass::layout::RowMajor, kAlignD,  // no C operand: beta = 0
+      ElementD, cutlass::layout::RowMajor, kAlignD, EpilogueSchedule>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      Arch, cutlass::arch::OpClassTensorOp,
+      ElementAB, LayoutA, kAlignAB, ElementAB, LayoutB, kAlignAB, float,
+      TileShape, ClusterShape, cutlass::gemm::collective::StageCount<Stages>,
+      MainloopSchedule>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<
+      cute::Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, TileScheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  static_assert(Kernel::SharedStorageSize <= 227 * 1024,
+                "variant does not fit in shared memory: lower its stages in variants.json");
+  static constexpr bool kHasStreamK =
+      std::is_same_v<TileScheduler, cutlass::gemm::StreamKScheduler>;
+
+  static typename Gemm::Arguments arguments(const GemmProblem& p, const LaunchChoices& c,
+                                            const DeviceSlots& s) {
+    using cute::make_shape;
+    auto sa = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, make_shape(p.m, p.k, p.batch));
+    auto sb = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, make_shape(p.n, p.k, p.batch));
+    auto sd = cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, make_shape(p.m, p.n, p.batch));
+    typename Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {p.m, p.n, p.k, p.batch},
+        {static_cast<const ElementAB*>(p.a), sa, static_cast<const ElementAB*>(p.b), sb},
+        {{}, nullptr, sd, static_cast<ElementD*>(p.d), sd}};
+    args.epilogue.thread.alpha = 1.0f;
+    args.epilogue.thread.beta = 0.0f;
+    args.hw_info.device_id = s.device_id;
+    args.hw_info.sm_count = s.sm_count;
+    args.hw_info.max_active_clusters = s.max_active_clusters;
+    using RasterOrder = cutlass::gemm::kernel::detail::RasterOrderOptions;
+    args.scheduler.max_swizzle_size = c.swizzle;
+    args.scheduler.raster_order =
+        c.raster == Raster::kAlongM ? RasterOrder::AlongM : RasterOrder::AlongN;
+    if constexpr (kHasStreamK) {
+      using Mode = cutlass::gemm::kernel::detail::DecompositionMode;
+      args.scheduler.reduction_mode = cutlass::gemm::kernel::detail::ReductionMode::Deterministic;
+      args.scheduler.splits = c.schedule == Schedule::kSplitK ? c.splits : 1;
+      args.scheduler.decomposition_mode = c.schedule == Schedule::kStreamK  ? Mode::StreamK
+                                          : c.schedule == Schedule::kSplitK ? Mode::SplitK
+                                                                            : Mode::DataParallel;
+    }
+    return args;
+  }
+
+  static size_t workspace_size(const GemmProblem& p, const LaunchChoices& c, const DeviceSlots& s) {
+    return Gemm::get_workspace_size(arguments(p, c, s));
+  }
+
+  // Checks, initialises the XLA-provided workspace (stream-ordered) and
+  // launches; never synchronises, so it is safe inside CUDA graph capture.
+  static const char* run(const GemmProblem& p, const LaunchChoices& c, const DeviceSlots& s,
+                         void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+    if (!kHasStreamK && c.schedule != Schedule::kStatic)
+      return "this variant has one built-in schedule (static or clc)";
+    auto args = arguments(p, c, s);
+    if (Gemm::can_implement(args) != cutlass::Status::kSuccess)
+      return "CUTLASS cannot implement this problem (alignment or shape)";
+    if (Gemm::get_workspace_size(args) > workspace_bytes)
+      return "workspace buffer is smaller than the variant needs";
+    Gemm gemm;
+    if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess)
+      return "kernel initialisation failed (shared memory attribute or workspace)";
+    if (gemm.run(stream) != cutlass::Status::kSuccess) return "kernel launch failed";
+    cudaError_t err = cudaGetLastError();
+    return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+  }
+
+  static int max_active_clusters(int device_id) {
+    return occupancy_max_active_clusters<Kernel>(device_id);
+  }
+
+  static constexpr VariantOps ops{&workspace_size, &run, &max_active_clusters};
+};
+
+}  // namespace jax_cluster
