@@ -214,15 +214,13 @@ def plan_gemm(m: int, n: int, k: int, *, dtype, out_dtype=None, batch: int = 1,
             notes.append(f"{v.name}: no {v.cluster_m}x{v.cluster_n} cluster can be resident "
                          f"({residency}), not considered")
             continue
+        # _matches kept only variants that run an overridden schedule
         schedules = [overrides["schedule"]] if "schedule" in overrides else [
             s for s in v.schedules if s != "split_k" and (s != "stream_k" or k_tiles >= 4)]
+        raster, swizzle = _raster_and_swizzle(v, m, n, batch)
+        raster = overrides.get("raster", raster)
+        swizzle = int(overrides.get("swizzle", swizzle))
         for schedule in schedules:
-            if schedule not in v.schedules:
-                raise ValueError(f"plan(): variant {v.name} cannot run schedule {schedule!r}; "
-                                 f"it runs {v.schedules}")
-            raster, swizzle = _raster_and_swizzle(v, m, n, batch)
-            raster = overrides.get("raster", raster)
-            swizzle = int(overrides.get("swizzle", swizzle))
             time, waves, eff = _score(v, m, n, k, batch, clusters, schedule, swizzle)
             key = (time, schedule != "static")
             if best is None or key < best[0]:
