@@ -4,7 +4,6 @@ import re
 
 import pytest
 
-import jax_cluster
 from jax_cluster import _ffi, variants
 import sass
 
@@ -32,4 +31,4 @@ def test_extension_holds_sm90a_and_sm100a_sass():
     listing = sass.run("--list-elf")
     archs = set(re.findall(r"sm_(\d+a?)", listing))
     assert {"90a", "100a"} <= archs, listing
-    assert "ptx" not in sass.run("--list-ptx").lower() or not sass.run("--list-ptx").strip()
+    assert not sass.run("--list-ptx").strip(), "PTX is embedded: the driver could JIT it"
