@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 import json
-import math
 import pathlib
-import statistics
 
 import jax
 import jax.numpy as jnp
 
-L2_FLUSH_BYTES = 256 << 20   # rotate inputs until they exceed every L2 by far
+from jax_cluster._timing import cupti_ms, rotation  # noqa: F401  (shared with autotune)
 
 
 def device_ms(fn, args_list, iterations=10):
@@ -18,19 +16,7 @@ def device_ms(fn, args_list, iterations=10):
     `fn` runs once per entry of `args_list` inside one jit, so the inputs
     rotate and small problems are not timed out of a warm L2.
     """
-    from jax.experimental.mosaic.gpu import profiler
-
-    @jax.jit
-    def rotated(args_list):
-        return [fn(*args) for args in args_list]
-
-    _, timings = profiler.measure(rotated, iterations=iterations)(args_list)
-    per_iter = timings if isinstance(timings, list) else [timings]
-    return statistics.median(per_iter) / len(args_list)
-
-
-def rotation(bytes_per_set: int) -> int:
-    return max(1, min(16, math.ceil(L2_FLUSH_BYTES / max(bytes_per_set, 1))))
+    return cupti_ms(fn, args_list, iterations)
 
 
 def device_name() -> str:

@@ -25,8 +25,14 @@ def _template(v) -> str:
     common = (f"{CUTLASS_TYPES[v.dtype]}, {CUTLASS_TYPES[v.out]}, {A_LAYOUT[v.a_major]}, "
               f"{B_LAYOUT[v.b_major]}, {v.tile_m}, {v.tile_n}, {v.tile_k}, "
               f"{v.cluster_m}, {v.cluster_n}, {v.stages}")
+    if v.family == "sm90_grouped_gemm":
+        problem = {"ragged_m": "kRaggedM", "ragged_k": "kRaggedK"}[v.problem]
+        return (f"sm90::GroupedGemm<{CUTLASS_TYPES[v.dtype]}, {CUTLASS_TYPES[v.out]}, "
+                f"{A_LAYOUT[v.a_major]}, {B_LAYOUT[v.b_major]}, {v.tile_m}, {v.tile_n}, "
+                f"{v.tile_k}, {v.stages}, RaggedProblem::{problem}>")
     if v.arch == "sm90a":
-        kind = {"cooperative": "sm90::Cooperative", "pingpong": "sm90::Pingpong"}[v.kind]
+        kind = {"cooperative": "sm90::Cooperative", "cooperative_dynamic": "sm90::CooperativeDynamic",
+                "pingpong": "sm90::Pingpong"}[v.kind]
         return f"sm90::GemmWsPersistent<{common}, {kind}>"
     cta, sched = v.kind.split("_")
     return (f"sm100::GemmTcgen05Persistent<{common}, sm100::{'TwoSm' if cta == '2sm' else 'OneSm'}, "
@@ -48,7 +54,8 @@ def _table(variants) -> str:
     rows = "".join(
         f'    {{"{v.name}", "{v.arch}", "{v.dtype}", "{v.out}", \'{v.a_major}\', \'{v.b_major}\', '
         f"{v.tile_m}, {v.tile_n}, {v.tile_k}, {v.cluster_m}, {v.cluster_n}, {v.stages}, "
-        f'"{v.mma}", "{v.kind}", "{",".join(v.schedules)}", &generated::ops_{v.name}}},\n'
+        f'"{v.mma}", "{v.kind}", "{v.problem}", "{",".join(v.schedules)}", '
+        f"&generated::ops_{v.name}}},\n"
         for v in variants)
     return ("// Generated from jax_cluster/variants.json by cc/gen_variants.py.\n"
             '#include "dispatch/variant_table.h"\n\n'

@@ -15,6 +15,7 @@
 #include "dispatch/device_slots.h"
 #include "dispatch/gemm_dispatch.h"
 #include "ffi/gemm_ffi.h"
+#include "ffi/ragged_ffi.h"
 #endif
 
 namespace nb = nanobind;
@@ -33,6 +34,7 @@ nb::list plan_fields() {
 nb::dict registrations() {
   nb::dict out;
   out["jax_cluster_gemm"] = nb::capsule(reinterpret_cast<void*>(gemm_ffi_handler()));
+  out["jax_cluster_ragged_dot"] = nb::capsule(reinterpret_cast<void*>(ragged_ffi_handler()));
   return out;
 }
 
@@ -52,6 +54,7 @@ nb::list variants() {
     row["stages"] = v.stages;
     row["mma"] = v.mma;
     row["kind"] = v.kind;
+    row["problem"] = v.problem;
     out.append(row);
   }
   return out;

@@ -2,6 +2,9 @@
 
 `matmul` and `dot_general` run CUTLASS-based sm90a/sm100a kernels through XLA
 FFI when the planner picks one, and XLA's own dot everywhere else.
+`autotune` times the candidate plans on the present GPU and caches the
+winners; `use_autotune_cache(True)` makes the planner read them.
+`ragged_dot` is the grouped GEMM (jax.lax.ragged_dot's semantics) on grouped kernels.
 """
 from jax_cluster import _ffi
 from jax_cluster.api import dot_general, matmul
@@ -9,8 +12,14 @@ from jax_cluster.device import DeviceInfo
 from jax_cluster.info import info
 from jax_cluster.plan import Plan, plan
 from jax_cluster.primitives import gemm_p
+from jax_cluster.ragged import ragged_dot
+from jax_cluster.ragged_plan import plan_ragged
+from jax_cluster.ragged_primitives import ragged_dot_p
+from jax_cluster.tuning import autotune
+from jax_cluster.tuning_cache import use_autotune_cache
 
-__all__ = ["DeviceInfo", "Plan", "dot_general", "gemm_p", "info", "matmul", "plan"]
+__all__ = ["DeviceInfo", "Plan", "autotune", "dot_general", "gemm_p", "info", "matmul", "plan",
+           "plan_ragged", "ragged_dot", "ragged_dot_p", "use_autotune_cache"]
 __version__ = "0.1.0"
 
 _ffi.warn_if_no_kernels()

@@ -7,6 +7,7 @@ import warnings
 import jax
 
 GEMM_TARGET = "jax_cluster_gemm"
+RAGGED_TARGET = "jax_cluster_ragged_dot"
 
 try:
     from jax_cluster import _ext

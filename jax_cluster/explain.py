@@ -5,16 +5,23 @@ from __future__ import annotations
 import math
 
 
+def _ragged(p) -> bool:
+    return p.problem != "dense"
+
+
 def _decision(p) -> str:
     if not p.uses_kernel:
-        return f"Use XLA's dot: {p.reason}."
+        return f"Use XLA's {'ragged_dot' if _ragged(p) else 'dot'}: {p.reason}."
+    over = f" over the tiles of {p.groups} groups" if _ragged(p) else ""
     return (f"Run {p.variant} on {p.arch}: a {p.cluster_m}x{p.cluster_n} cluster of "
-            f"{p.tile_m}x{p.tile_n}x{p.tile_k} tiles, {p.schedule} persistent schedule.")
+            f"{p.tile_m}x{p.tile_n}x{p.tile_k} tiles, {p.schedule} persistent schedule{over}.")
 
 
 def _evidence(p) -> list[str]:
     d = p.device
-    rows = [f"problem: M={p.m} N={p.n} K={p.k} batch={p.batch}, {p.dtype}->{p.out_dtype}, "
+    size = (f"{p.problem} M={p.m} N={p.n} K={p.k} groups={p.groups} (GEMM view)" if _ragged(p)
+            else f"M={p.m} N={p.n} K={p.k} batch={p.batch}")
+    rows = [f"problem: {size}, {p.dtype}->{p.out_dtype}, "
             f"A {p.a_major}-major, B {p.b_major}-major (given)",
             f"device: {d.platform} {d.name or '?'} cc={d.compute_capability} "
             f"SMs={d.sm_count} ({d.source})"]
@@ -28,7 +35,7 @@ def _evidence(p) -> list[str]:
 
 def _contract(p) -> list[str]:
     if not p.uses_kernel:
-        return ["no cluster: XLA's own dot runs"]
+        return [f"no cluster: XLA's own {'ragged_dot' if _ragged(p) else 'dot'} runs"]
     rows = []
     cta_m = p.tile_m // 2 if p.mma == "2cta" else p.tile_m
     for cy in range(p.cluster_n):
@@ -41,21 +48,53 @@ def _contract(p) -> list[str]:
         rows.append(f"A tiles are multicast by TMA to the {p.cluster_n} CTAs along N")
     if p.mma == "2cta":
         rows.append("MMA: cta_group::2 UMMA over the CTA pair, accumulators in TMEM")
+    if p.schedule == "dynamic" and p.cluster_m * p.cluster_n > 1:
+        rows.append("work queue: the leader CTA takes each cluster tile from a global counter "
+                    "(atomicAdd) and writes it into every CTA's shared memory (st.async over "
+                    "DSMEM, completing each CTA's mbarrier)")
+    elif p.schedule == "dynamic":
+        rows.append("work queue: each CTA's scheduler warp takes the next tile from a global "
+                    "counter (atomicAdd) and passes it to its warps through shared memory")
     rows.append("barriers: cluster-scoped mbarriers for the multicast pipeline; leader CTA (0,0)")
     rows.append(f"stages: {p.stages}; raster {p.raster}, swizzle {p.swizzle}")
     return rows
 
 
+_SIMULATED_TILES = 20000  # beyond this the tail is a rounding error; skip the replay
+
+
 def _timeline(p) -> list[str]:
     if not p.uses_kernel:
         return ["not modelled for the fallback"]
+    if getattr(p, "problem", "dense") != "dense":
+        return [f"{p.groups} groups: tile counts follow group_sizes, which stay on the device, "
+                "so no wave count is known at trace time",
+                "dynamic: each CTA takes the next tile of any group when it frees up; replay a "
+                "distribution with jax_cluster.schedule.compare(grouped_tile_costs(...), CTAs)"]
     full = math.floor(p.waves)
-    tail = p.waves - full
-    return [f"{full} full wave(s) and a tail of {tail:.0%} of the resident clusters",
-            f"{p.schedule}: predicted efficiency {p.predicted_efficiency:.0%}"]
+    rows = [f"{full} full wave(s) and a tail of {p.waves - full:.0%} of the resident clusters",
+            f"{p.schedule}: predicted efficiency {p.predicted_efficiency:.0%} (modelled)"]
+    tiles = round(p.waves * p.max_active_clusters)
+    if 0 < tiles <= _SIMULATED_TILES:
+        from jax_cluster import schedule
+        from jax_cluster.plan import DYNAMIC_FETCH_OVERHEAD
+        sims = schedule.compare(schedule.uniform_tiles(tiles), p.max_active_clusters,
+                                schedules=("static", "dynamic", "stream_k"),
+                                fetch_overhead=DYNAMIC_FETCH_OVERHEAD, fixup_cost=0.1)
+        for name, sim in sims.items():
+            chosen = "  <- this plan" if name == p.schedule else ""
+            rows.append(f"{name:<8} makespan {sim.makespan:.2f} tile-times, tail efficiency "
+                        f"{sim.tail_efficiency:.0%} (simulated){chosen}")
+    return rows
 
 
 def _validation(p) -> list[str]:
+    if _ragged(p):  # wave boundaries depend on group sizes only the device knows
+        first = "compare with lax.ragged_dot" + (
+            "" if p.uses_kernel else "; nothing kernel-specific to check")
+        return [first,
+                "group edge cases: empty, one-row and tile-straddling groups; rows past the "
+                "last group are zero; negative sizes count as 0, groups are cut at M"]
     if not p.uses_kernel:
         return ["compare with lax.dot_general; nothing kernel-specific to check"]
     c = p.max_active_clusters

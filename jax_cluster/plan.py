@@ -18,13 +18,19 @@ from jax_cluster.device import DeviceInfo, describe
 KERNEL_FIELDS = ("variant", "arch", "tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n",
                  "stages", "mma", "schedule", "splits", "raster", "swizzle", "sm_count",
                  "max_active_clusters")
-_OVERRIDABLE = ("variant", "tile", "cluster", "schedule", "splits", "raster", "swizzle")
+_OVERRIDABLE = ("variant", "tile", "cluster", "schedule", "splits", "raster", "swizzle",
+                "allow_nonportable_cluster")
+PORTABLE_CLUSTER_SIZE = 8  # CUDA guarantees clusters up to 8 CTAs; more needs an opt-in
 # Relative mainloop efficiency of an MMA tile (a modelled lead, refined on the
 # H200 by the benchmarks): smaller tiles re-read operands more per FLOP, and a
 # 2-CTA UMMA halves each CTA's share of B.
 _TILE_EFFICIENCY = {("sm90a", 128, 256): 1.0, ("sm90a", 128, 128): 0.88,
                     ("sm100a", 256, 256): 1.0, ("sm100a", 128, 256): 0.92}
 _STREAM_K_OVERHEAD = 1.10   # partial-tile fix-up traffic, modelled
+# One atomic fetch per tile, mostly hidden behind the previous tile (modelled,
+# in tile-times). Equal tiles make dynamic no faster than static, so this
+# small cost lets static win: dense GEMM is scheduled statically unless asked.
+DYNAMIC_FETCH_OVERHEAD = 0.005
 
 
 def dtype_name(dtype) -> str:
@@ -68,6 +74,9 @@ class Plan:
     waves: float = 0.0
     predicted_efficiency: float = 0.0
     notes: tuple[str, ...] = ()
+    # "ragged_m" / "ragged_k" for a grouped GEMM (plan_ragged); m, n, k are then its GEMM view
+    problem: str = "dense"
+    groups: int = 0
 
     @property
     def uses_kernel(self) -> bool:
@@ -101,6 +110,28 @@ def _alignment_problem(m, n, k, a_major, b_major, out_dtype) -> str:
             return (f"TMA needs 16-byte leading dimensions: {label}'s {dim} = {size} "
                     f"x {width} bytes is not a multiple of 16")
     return ""
+
+
+def why_xla(dev: DeviceInfo, dt: str, out: str, dims, a_major: str, b_major: str,
+            overrides: dict, op: str) -> str:
+    """Why no kernel can take this call at all ("" if one may): the checks
+    every planner makes before it looks at the menu. `dims` = (M, N, K, count)."""
+    if overrides.get("path") == "xla":
+        return f"the caller asked for XLA's {op}"
+    if dev.platform != "cuda":
+        return f"the device is {dev.platform}, not a CUDA GPU"
+    if dev.arch is None:
+        return (f"compute capability {dev.compute_capability} has no kernel family "
+                "(sm90a needs 9.0; sm100a needs 10.0 or 10.3)")
+    if not _ffi.with_kernels():
+        return _ffi.why_no_kernels()
+    if dt not in ("bf16", "f16"):
+        return f"the kernels take bf16 or f16 inputs, not {dt}"
+    if out not in (dt, "f32"):
+        return f"the kernels write {dt} or f32 from {dt} inputs, not {out}"
+    if min(dims) == 0:
+        return "the problem is empty"
+    return _alignment_problem(*dims[:3], a_major, b_major, out)
 
 
 def _resident_clusters(v: variants.Variant, device: DeviceInfo) -> tuple[int, str]:
@@ -148,8 +179,12 @@ def _score(v: variants.Variant, m, n, k, batch, clusters, schedule, swizzle):
     waves = cluster_tiles / clusters
     # the CTAs of a cluster work side by side: a wave costs one CTA tile
     tile_cost = v.cta_tile_m * v.tile_n / _TILE_EFFICIENCY.get((v.arch, v.tile_m, v.tile_n), 0.8)
+    # static and dynamic: the makespan of equal tiles on `clusters` workers, as
+    # jax_cluster.schedule.simulate computes it (tests/test_plan.py checks that).
     if schedule == "stream_k":
         time = waves * tile_cost * _STREAM_K_OVERHEAD
+    elif schedule == "dynamic":  # every tile but a cluster's first is fetched
+        time = (math.ceil(waves) * (1 + DYNAMIC_FETCH_OVERHEAD) - DYNAMIC_FETCH_OVERHEAD) * tile_cost
     else:
         time = math.ceil(waves) * tile_cost
     efficiency = m * n * batch / (time * clusters * v.cluster_size)
@@ -170,33 +205,26 @@ def plan_gemm(m: int, n: int, k: int, *, dtype, out_dtype=None, batch: int = 1,
     dev = describe(device)
     dt = dtype_name(dtype)
     out = dtype_name(out_dtype if out_dtype is not None else dtype)
+    if not overrides:  # autotuned choices, read only when the user turned the cache on
+        from jax_cluster import tuning_cache  # here: tuning_cache imports this module
+        tuned = tuning_cache.plan_from_cache(m, n, k, dtype=dtype, out_dtype=out_dtype,
+                                             batch=batch, a_major=a_major, b_major=b_major,
+                                             device_info=dev)
+        if tuned is not None:
+            return tuned
     base = dict(m=int(m), n=int(n), k=int(k), batch=int(batch), dtype=dt, out_dtype=out,
                 a_major=a_major, b_major=b_major, device=dev)
 
     def fallback(reason: str) -> Plan:
         return Plan(path="xla", reason=reason, **base)
 
-    if overrides.get("path") == "xla":
-        return fallback("the caller asked for XLA's dot")
-    if dev.platform != "cuda":
-        return fallback(f"the device is {dev.platform}, not a CUDA GPU")
+    why = why_xla(dev, dt, out, (m, n, k, batch), a_major, b_major, overrides, "dot")
+    if why:
+        return fallback(why)
     arch = dev.arch
-    if arch is None:
-        return fallback(f"compute capability {dev.compute_capability} has no kernel family "
-                        "(sm90a needs 9.0; sm100a needs 10.0 or 10.3)")
-    if not _ffi.with_kernels():
-        return fallback(_ffi.why_no_kernels())
-    if dt not in ("bf16", "f16"):
-        return fallback(f"the kernels take bf16 or f16 inputs, not {dt}")
-    if out not in (dt, "f32"):
-        return fallback(f"the kernels write {dt} or f32 from {dt} inputs, not {out}")
-    if min(m, n, k, batch) == 0:
-        return fallback("the problem is empty")
-    align = _alignment_problem(m, n, k, a_major, b_major, out)
-    if align:
-        return fallback(align)
     compiled = _ffi.compiled_variant_names()
     candidates = [v for v in variants.load_menu() if v.name in compiled and v.arch == arch
+                  and v.problem == "dense"
                   and (v.dtype, v.out, v.a_major, v.b_major) == (dt, out, a_major, b_major)]
     if not candidates:
         return fallback(f"no compiled {arch} variant for {dt}->{out} with A {a_major}-major "
@@ -205,9 +233,18 @@ def plan_gemm(m: int, n: int, k: int, *, dtype, out_dtype=None, batch: int = 1,
     if not candidates:
         raise ValueError(f"plan(): no compiled variant matches {overrides}; "
                          f"the menu is in {variants.MENU_PATH.name}")
-
+    base_notes = []
+    if not overrides.get("allow_nonportable_cluster", False):
+        base_notes = [f"{v.name}: a {v.cluster_size}-CTA cluster is non-portable; pass "
+                      "allow_nonportable_cluster=True to consider it"
+                      for v in candidates if v.cluster_size > PORTABLE_CLUSTER_SIZE]
+        candidates = [v for v in candidates if v.cluster_size <= PORTABLE_CLUSTER_SIZE]
+    if not candidates:
+        return dataclasses.replace(fallback("every matching variant needs a non-portable cluster "
+                                            "(> 8 CTAs) and the caller did not opt in"),
+                                   notes=tuple(base_notes))
     k_tiles = math.ceil(k / candidates[0].tile_k)
-    best, notes = None, []
+    best, notes = None, list(base_notes)
     for v in candidates:
         clusters, residency = _resident_clusters(v, dev)
         if clusters < 1:  # step down: smaller clusters and 1-CTA rows stay candidates

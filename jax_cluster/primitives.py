@@ -32,6 +32,19 @@ def _dims(a_shape, b_shape, a_major, b_major):
     return a_shape[:-2], m, n, ka, kb
 
 
+def check_dtypes(who, out_dtype, **operands):
+    """The dtype rules every primitive here shares: two operands by their labels."""
+    for name, x in operands.items():
+        if not any(x.dtype == np.dtype(t) for t in SUPPORTED_DTYPES):
+            raise TypeError(f"{who}: unsupported dtype {x.dtype} for {name}; "
+                            "use bfloat16, float16 or float32")
+    (na, a), (nb, b) = operands.items()
+    if a.dtype != b.dtype:
+        raise TypeError(f"{who}: {na} and {nb} dtypes differ ({a.dtype} vs {b.dtype})")
+    if not any(np.dtype(out_dtype) == np.dtype(t) for t in SUPPORTED_DTYPES):
+        raise TypeError(f"{who}: unsupported output dtype {np.dtype(out_dtype)}")
+
+
 def _check(a, b, a_major, b_major, out_dtype):
     if a_major not in ("k", "m") or b_major not in ("k", "n"):
         raise ValueError(f"jax_cluster gemm: a_major must be 'k' or 'm' and b_major 'k' or 'n', "
@@ -39,14 +52,7 @@ def _check(a, b, a_major, b_major, out_dtype):
     if a.ndim not in (2, 3) or b.ndim != a.ndim:
         raise ValueError(f"jax_cluster gemm: operands must both be rank 2 (or rank 3 with a "
                          f"leading batch); got shapes {a.shape} and {b.shape}")
-    for name, x in (("A", a), ("B", b)):
-        if not any(x.dtype == np.dtype(t) for t in SUPPORTED_DTYPES):
-            raise TypeError(f"jax_cluster gemm: unsupported dtype {x.dtype} for {name}; "
-                            "use bfloat16, float16 or float32")
-    if a.dtype != b.dtype:
-        raise TypeError(f"jax_cluster gemm: A and B dtypes differ ({a.dtype} vs {b.dtype})")
-    if not any(np.dtype(out_dtype) == np.dtype(t) for t in SUPPORTED_DTYPES):
-        raise TypeError(f"jax_cluster gemm: unsupported output dtype {np.dtype(out_dtype)}")
+    check_dtypes("jax_cluster gemm", out_dtype, A=a, B=b)
     batch, m, n, ka, kb = _dims(a.shape, b.shape, a_major, b_major)
     if ka != kb:
         raise ValueError(f"jax_cluster gemm: contracting dimensions differ: A {a.shape} "
@@ -78,11 +84,17 @@ def _cuda_lowering(ctx, a, b, *, a_major, b_major, out_dtype, plan: Plan):
         return mlir.lower_fun(functools.partial(
             _xla_gemm, a_major=a_major, b_major=b_major, out_dtype=out_dtype, plan=plan),
             multiple_results=False)(ctx, a, b)
+    return lower_kernel_call(ctx, _ffi.GEMM_TARGET, plan, a, b)
+
+
+def lower_kernel_call(ctx, target, plan: Plan, *operands):
+    """The FFI call of a kernel plan, for any of the package's targets."""
     out_aval = ctx.avals_out[0]
     # Scratch comes from XLA as a second result, so the call stays graph-safe.
     ws_aval = jax.core.ShapedArray((max(plan.workspace_bytes, 16),), np.uint8)
-    lowering = jax.ffi.ffi_lowering(_ffi.GEMM_TARGET)
-    results = lowering(ctx.replace(avals_out=[out_aval, ws_aval]), a, b, plan=plan.ffi_attrs())
+    lowering = jax.ffi.ffi_lowering(target)
+    results = lowering(ctx.replace(avals_out=[out_aval, ws_aval]), *operands,
+                       plan=plan.ffi_attrs())
     return results[:1]
 
 
@@ -107,6 +119,9 @@ def gemm(a, b, *, a_major="k", b_major="n", out_dtype=None, plan: Plan | None = 
     if plan is None:
         plan = plan_gemm(m, n, k, dtype=a.dtype, out_dtype=out_dtype, batch=nbatch,
                          a_major=a_major, b_major=b_major, device=device)
+    elif plan.problem != "dense":
+        raise ValueError(f"jax_cluster: a {plan.problem} plan (from plan_ragged) cannot run a "
+                         "dense GEMM")
     elif (plan.m, plan.n, plan.k, plan.batch, plan.a_major, plan.b_major, plan.dtype,
           plan.out_dtype) != call:
         raise ValueError(f"jax_cluster: the plan was made for M={plan.m} N={plan.n} K={plan.k} "

@@ -4,9 +4,11 @@
 
 For each variant and each schedule it can run: tile counts one below, equal
 to and one above the resident clusters (cudaOccupancyMaxActiveClusters), and
-odd but TMA-aligned M/N/K. Prints a pass/fail table with the relative errors
-against a float32 XLA reference and exits non-zero on any failure; exits 2
-when there is nothing to test (no GPU of a compiled architecture).
+odd but TMA-aligned M/N/K; grouped (ragged_dot) variants get the same tile
+counts spread over groups, plus uneven groups with empty and one-row groups
+and rows left over. Prints a pass/fail table with the relative errors
+against a float32 reference and exits non-zero on any failure; exits 2 when
+there is nothing to test (no GPU of a compiled architecture).
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from jax_cluster import _ffi, variants
 from jax_cluster.device import describe
 from jax_cluster.plan import plan_gemm
 from jax_cluster.primitives import gemm
+from jax_cluster.ragged_plan import plan_ragged
+from jax_cluster.ragged_primitives import clamp_group_sizes, ragged
 
 ODD_SHAPES = [(7, 24, 8), (129, 136, 72), (333, 2056, 1000), (1000, 1016, 4104)]
 DTYPES = {"bf16": jnp.bfloat16, "f16": jnp.float16, "f32": jnp.float32}
@@ -35,32 +39,111 @@ def _boundary_shapes(v: variants.Variant, clusters: int, k: int = 512):
             for count in (max(1, clusters - 1), clusters, clusters + 1)]
 
 
-def _check(v: variants.Variant, schedule: str, m: int, n: int, k: int, key) -> tuple[float, float]:
-    """(norm-relative, max-relative) error of the variant against XLA in float32."""
+def _errors(out, ref):
+    """(norm-relative, max-relative) error; a skipped or NaN element fails outright."""
+    out = out.astype(jnp.float32)
+    finite = jnp.isfinite(out).all()
+    rel = jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref)
+    worst = jnp.abs(out - ref).max() / jnp.abs(ref).max()
+    return jnp.where(finite, rel, jnp.inf), jnp.where(finite, worst, jnp.inf)
+
+
+def _dense_plan(v: variants.Variant, schedule: str, m: int, n: int, k: int):
     extra = {"splits": 2} if schedule == "split_k" else {}
     plan = plan_gemm(m, n, k, dtype=DTYPES[v.dtype], out_dtype=DTYPES[v.out], a_major=v.a_major,
                      b_major=v.b_major, variant=v.name, schedule=schedule, **extra)
     if plan.variant != v.name:
         raise RuntimeError(f"planner did not take {v.name}: {plan.reason}")
-    ka, kb = jax.random.split(key)
-    a = jax.random.normal(ka, (m, k) if v.a_major == "k" else (k, m), jnp.float32)
-    b = jax.random.normal(kb, (n, k) if v.b_major == "k" else (k, n), jnp.float32)
-    a, b = a.astype(DTYPES[v.dtype]), b.astype(DTYPES[v.dtype])
+    return plan
+
+
+def _check_dense(v: variants.Variant, plans, key) -> list[tuple[float, float]]:
+    """Errors of every plan of one variant against XLA in float32, from one
+    executable (one compile per variant keeps the self-test short)."""
+    dt = DTYPES[v.dtype]
 
     @jax.jit
-    def errors(a, b):
-        out = gemm(a, b, a_major=v.a_major, b_major=v.b_major, out_dtype=DTYPES[v.out],
-                   plan=plan).astype(jnp.float32)
-        dims = (((1 if v.a_major == "k" else 0,), (1 if v.b_major == "k" else 0,)), ((), ()))
-        ref = lax.dot_general(a.astype(jnp.float32), b.astype(jnp.float32), dims,
-                              precision=lax.Precision.HIGHEST)
-        finite = jnp.isfinite(out).all()  # a skipped or NaN element fails outright
-        rel = jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref)
-        worst = jnp.abs(out - ref).max() / jnp.abs(ref).max()
-        return jnp.where(finite, rel, jnp.inf), jnp.where(finite, worst, jnp.inf)
+    def errors(key):
+        found = []
+        for plan, sub in zip(plans, jax.random.split(key, len(plans))):
+            ka, kb = jax.random.split(sub)
+            m, n, k = plan.m, plan.n, plan.k
+            a = jax.random.normal(ka, (m, k) if v.a_major == "k" else (k, m), jnp.float32)
+            b = jax.random.normal(kb, (n, k) if v.b_major == "k" else (k, n), jnp.float32)
+            a, b = a.astype(dt), b.astype(dt)
+            out = gemm(a, b, a_major=v.a_major, b_major=v.b_major, out_dtype=DTYPES[v.out],
+                       plan=plan)
+            dims = (((1 if v.a_major == "k" else 0,), (1 if v.b_major == "k" else 0,)), ((), ()))
+            # the barrier keeps XLA from folding the input rounding into the reference
+            a32, b32 = lax.optimization_barrier((a.astype(jnp.float32), b.astype(jnp.float32)))
+            ref = lax.dot_general(a32, b32, dims, precision=lax.Precision.HIGHEST)
+            found.append(_errors(out, ref))
+        return found
 
-    rel, worst = jax.device_get(errors(a, b))
+    return [(float(r), float(w)) for r, w in jax.device_get(errors(key))]
+
+
+def _grouped_cases(v: variants.Variant, clusters: int, quick: bool):
+    """(label, groups sizes, rows, K' or K, N): tile counts around the resident
+    CTAs with one tile per group, then uneven groups (empty, one-row, rest unused)."""
+    per_tile = v.tile_m if v.problem == "ragged_m" else 64
+    cases = [(f"{c} tiles / {clusters} CTAs", [per_tile] * c, per_tile * c, v.tile_m, v.tile_n)
+             for c in (max(1, clusters - 1), clusters, clusters + 1)]
+    if not quick:
+        sizes = [0, 1, 300, 0, 77, 1000, 5, 0, 640]
+        cases.append(("uneven groups, rows left over", sizes, sum(sizes) + 123, 1016, 744))
+    return cases
+
+
+def _check_grouped(v: variants.Variant, sizes, rows, kdim, ndim, key) -> tuple[float, float]:
+    """ragged_m: [rows, kdim] x [G, kdim, ndim]; ragged_k: [rows, kdim]^T x [rows, ndim] per group."""
+    groups = len(sizes)
+    dt = DTYPES[v.dtype]
+    ka, kb = jax.random.split(key)
+    a = jax.random.normal(ka, (rows, kdim), jnp.float32).astype(dt)
+    if v.problem == "ragged_m":
+        b_shape = (groups, kdim, ndim) if v.b_major == "n" else (groups, ndim, kdim)
+        view = (rows, ndim, kdim)
+    else:
+        b_shape = (rows, ndim)
+        view = (kdim, ndim, rows)
+    b = jax.random.normal(kb, b_shape, jnp.float32).astype(dt)
+    gs = jnp.asarray(sizes, jnp.int32)
+    plan = plan_ragged(*view, groups, problem=v.problem, dtype=dt, out_dtype=DTYPES[v.out],
+                       b_major=v.b_major, a_major=v.a_major, variant=v.name)
+    if plan.variant != v.name:
+        raise RuntimeError(f"planner did not take {v.name}: {plan.reason}")
+
+    @jax.jit
+    def errors(a, b, gs):
+        out = ragged(a, b, gs, problem=v.problem, b_major=v.b_major, out_dtype=DTYPES[v.out],
+                     plan=plan)
+        # one-hot group of every row; rows past the groups belong to none
+        ends = jnp.cumsum(clamp_group_sizes(gs, rows))
+        owner = jnp.searchsorted(ends, jnp.arange(rows), side="right")
+        onehot = (owner[:, None] == jnp.arange(groups)[None, :]).astype(jnp.float32)
+        a32, b32 = a.astype(jnp.float32), b.astype(jnp.float32)
+        hi = lax.Precision.HIGHEST
+        if v.problem == "ragged_m":
+            bk = b32 if v.b_major == "n" else jnp.swapaxes(b32, 1, 2)
+            ref = jnp.einsum("mg,mk,gkn->mn", onehot, a32, bk, precision=hi)
+        else:
+            ref = jnp.einsum("mg,mk,mn->gkn", onehot, a32, b32, precision=hi)
+        rel, worst = _errors(out, ref)
+        exact_zeros = jnp.where(ref == 0, out == 0, True).all()  # uncovered rows, empty groups
+        return jnp.where(exact_zeros, rel, jnp.inf), jnp.where(exact_zeros, worst, jnp.inf)
+
+    rel, worst = jax.device_get(errors(a, b, gs))
     return float(rel), float(worst)
+
+
+def _run(check, count: int) -> list[tuple[float, float, str]]:
+    """(rel, max rel, error) per case; an exception fails every case it covers
+    but not the run: the table is the product."""
+    try:
+        return [(rel, worst, "") for rel, worst in check()]
+    except Exception as exc:
+        return [(float("nan"), float("nan"), f"{type(exc).__name__}: {exc}")] * count
 
 
 def main(argv=None) -> int:
@@ -78,29 +161,34 @@ def main(argv=None) -> int:
           f"{dev.sm_count} SMs): {len(menu)} {dev.arch} variants")
     key = jax.random.key(0)
     failures = 0
-    print(f"{'variant':<72} {'schedule':<9} {'problem':<34} {'rel err':>9} {'max rel':>9}  result")
+    print(f"{'variant':<80} {'schedule':<9} {'problem':<34} {'rel err':>9} {'max rel':>9}  result")
     for v in menu:
         clusters = _ffi.extension().max_active_clusters(v.name, dev.device_id)
         if clusters < 1:
-            print(f"{v.name:<72} {'-':<9} {'cannot be resident':<34} {'':>9} {'':>9}  FAIL")
+            print(f"{v.name:<80} {'-':<9} {'cannot be resident':<34} {'':>9} {'':>9}  FAIL")
             failures += 1
             continue
-        cases = _boundary_shapes(v, clusters)
-        if not args.quick:
-            cases += [(f"{m}x{n}x{k}", m, n, k) for m, n, k in ODD_SHAPES]
-        for schedule in v.schedules:
-            for label, m, n, k in cases:
+        if v.problem == "dense":
+            cases = _boundary_shapes(v, clusters)
+            if not args.quick:
+                cases += [(f"{m}x{n}x{k}", m, n, k) for m, n, k in ODD_SHAPES]
+            rows = [(s, label, mnk) for s in v.schedules for label, *mnk in cases]
+            key, sub = jax.random.split(key)
+            results = _run(lambda: _check_dense(
+                v, [_dense_plan(v, s, *mnk) for s, _, mnk in rows], sub), len(rows))
+            rows = [(s, label, result) for (s, label, _), result in zip(rows, results)]
+        else:
+            rows = []
+            for label, *case in _grouped_cases(v, clusters, args.quick):
                 key, sub = jax.random.split(key)
-                try:
-                    rel, worst = _check(v, schedule, m, n, k, sub)
-                    ok = rel < TOLERANCE[v.out]
-                except Exception as exc:  # report and continue: the table is the product
-                    rel = worst = float("nan")
-                    ok = False
-                    label = f"{label} ({type(exc).__name__}: {exc})"[:120]
-                failures += not ok
-                print(f"{v.name:<72} {schedule:<9} {label:<34} {rel:9.2e} {worst:9.2e}  "
-                      f"{'pass' if ok else 'FAIL'}", flush=True)
+                rows.append((v.schedules[0], label,
+                             _run(lambda c=case, k=sub: [_check_grouped(v, *c, k)], 1)[0]))
+        for schedule, label, (rel, worst, error) in rows:
+            ok = not error and rel < TOLERANCE[v.out]
+            failures += not ok
+            label = f"{label} ({error})"[:120] if error else label
+            print(f"{v.name:<80} {schedule:<9} {label:<34} {rel:9.2e} {worst:9.2e}  "
+                  f"{'pass' if ok else 'FAIL'}", flush=True)
     print(f"{'all passed' if not failures else f'{failures} FAILED'}")
     return 1 if failures else 0
 

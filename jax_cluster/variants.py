@@ -15,6 +15,8 @@ MENU_PATH = pathlib.Path(__file__).with_name("variants.json")
 # Which schedules each kernel kind can run; the Plan's schedule must be one.
 SCHEDULES_BY_KIND = {
     "cooperative": ("static", "stream_k", "split_k"),
+    "cooperative_dynamic": ("dynamic",),
+    "grouped_dynamic": ("dynamic",),
     "pingpong": ("static",),
     "2sm_clc": ("clc",),
     "1sm_clc": ("clc",),
@@ -22,6 +24,10 @@ SCHEDULES_BY_KIND = {
     "1sm_static": ("static",),
 }
 DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
+# dense: D = A·B (batched). ragged_m: rows of A and D split into groups, B[g]
+# per group (ragged_dot forward, d_lhs). ragged_k: the contraction split into
+# groups, D[g] per group (ragged_dot's d_rhs).
+PROBLEMS = ("dense", "ragged_m", "ragged_k")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +46,7 @@ class Variant:
     a_major: str
     b_major: str
     header: str
+    problem: str = "dense"
 
     @property
     def mma(self) -> str:
@@ -60,7 +67,8 @@ class Variant:
 
     @property
     def name(self) -> str:
-        return (f"{self.family}_{self.dtype}_{self.out}_{self.a_major}{self.b_major}_"
+        problem = "" if self.problem == "dense" else f"{self.problem}_"
+        return (f"{self.family}_{problem}{self.dtype}_{self.out}_{self.a_major}{self.b_major}_"
                 f"{self.tile_m}x{self.tile_n}x{self.tile_k}_c{self.cluster_m}x{self.cluster_n}_"
                 f"s{self.stages}_{self.kind}")
 
@@ -72,6 +80,8 @@ def _check(row: dict, family: dict) -> None:
         raise ValueError(f"variants.json: unsupported dtypes in {row}")
     if row["a_major"] not in "km" or row["b_major"] not in "kn":
         raise ValueError(f"variants.json: bad operand majors in {row}")
+    if row.get("problem", "dense") not in PROBLEMS:
+        raise ValueError(f"variants.json: unknown problem {row['problem']!r}")
     if family["arch"] not in ("sm90a", "sm100a"):
         raise ValueError(f"variants.json: unknown arch {family['arch']!r}")
 
@@ -87,7 +97,7 @@ def load_menu(path: pathlib.Path = MENU_PATH) -> tuple[Variant, ...]:
         cm, cn = row["cluster"]
         out.append(Variant(row["family"], family["arch"], row["kind"], tm, tn, tk, cm, cn,
                            row["stages"], row["dtype"], row["out"], row["a_major"],
-                           row["b_major"], family["header"]))
+                           row["b_major"], family["header"], row.get("problem", "dense")))
     names = [v.name for v in out]
     if len(set(names)) != len(names):
         raise ValueError("variants.json: two rows give the same variant")

@@ -16,12 +16,21 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
 
-step build
-if ! "$PY" -m pip install -v --no-build-isolation --no-deps -C cmake.define.JAX_CLUSTER_CUDA=ON \
-    -C build-dir=/tmp/jax_cluster_build . >"$OUT/build.log" 2>&1; then
-  tail -50 "$OUT/build.log"; exit 1
+# PREBUILT=DIR reuses an extension an earlier call built on this kind of
+# machine (saved by that call in $OUT/prebuilt): the sources must not have
+# changed in cc/ or variants.json since. It saves the build's minutes.
+if [ -n "${PREBUILT:-}" ]; then
+  step "prebuilt extension from $PREBUILT"
+  cp "$PREBUILT"/_ext*.so jax_cluster/ && export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} || exit 1
+else
+  step build
+  if ! "$PY" -m pip install -v --no-build-isolation --no-deps -C cmake.define.JAX_CLUSTER_CUDA=ON \
+      -C build-dir=/tmp/jax_cluster_build . >"$OUT/build.log" 2>&1; then
+    tail -50 "$OUT/build.log"; exit 1
+  fi
+  grep -E "warning C7510|spill" "$OUT/build.log" | head -5
+  mkdir -p "$OUT/prebuilt" && cp /tmp/jax_cluster_build/_ext*.so "$OUT/prebuilt/"
 fi
-grep -E "warning C7510|spill" "$OUT/build.log" | head -5
 (cd /tmp && "$PY" -c 'import jax_cluster; print(jax_cluster.info())') | tee "$OUT/info.txt"
 
 PYTEST=$(dirname "$(command -v "$PY")")/pytest
@@ -31,6 +40,14 @@ for part in ${STEPS:-tests bench grid}; do
            "$PYTEST" -q -rs -p no:cacheprovider -k "not size_grid" tests 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     bench) step benchmark
            "$PY" benchmarks/bench_matmul.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" ;;
+    selftest) step "self-test (every compiled variant)"
+           (cd /tmp && "$PY" -m jax_cluster.selftest) 2>&1 | tee "$OUT/selftest.log" | tail -60 ;;
+    planner) step "planner vs exhaustive timing"
+           "$PY" benchmarks/bench_planner.py --out "$OUT" 2>&1 | tee "$OUT/planner.log" | tail -25 ;;
+    sched) step "schedules at boundary tile counts"
+           "$PY" benchmarks/bench_schedules.py --out "$OUT" 2>&1 | tee "$OUT/sched.log" ;;
+    ragged) step "ragged_dot benchmark"
+           "$PY" benchmarks/bench_ragged.py --out "$OUT" ${RAGGED_ARGS:-} 2>&1 | tee "$OUT/ragged.log" ;;
     grid)  step "size grid"  # autotuning the reference dots would dominate its compile time
            XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" "$PYTEST" -q -rs -s -p no:cacheprovider -k size_grid tests 2>&1 | tee "$OUT/grid.log" | tail -25 ;;
   esac

@@ -40,3 +40,37 @@ def reference(a, b, a_major="k", b_major="n"):
     if b_major == "k":
         b = np.swapaxes(b, -1, -2)
     return a @ b
+
+
+def group_bounds(sizes, rows):
+    """[lo, hi) rows of each group under the documented rule: a negative size
+    counts as 0 and groups are cut at `rows`."""
+    bounds, start = [], 0
+    for size in np.asarray(sizes).tolist():
+        size = max(int(size), 0)
+        bounds.append((min(start, rows), min(start + size, rows)))
+        start += size
+    return bounds
+
+
+def _f64(x):
+    return np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+
+
+def ragged_reference(lhs, rhs, sizes, rhs_layout="gkn"):
+    """float64 ragged_dot on the host: rows of group g times rhs[g], the rest zero."""
+    lhs, rhs = _f64(lhs), _f64(rhs)
+    if rhs_layout == "gnk":
+        rhs = np.swapaxes(rhs, 1, 2)
+    out = np.zeros((lhs.shape[0], rhs.shape[2]))
+    for g, (lo, hi) in enumerate(group_bounds(sizes, lhs.shape[0])):
+        out[lo:hi] = lhs[lo:hi] @ rhs[g]
+    return out
+
+
+def ragged_k_reference(a, b, sizes):
+    """float64 out[g] = a[rows of g]^T b[rows of g] (ragged_dot's d_rhs)."""
+    a, b = _f64(a), _f64(b)
+    bounds = group_bounds(sizes, a.shape[0])
+    return np.stack([a[lo:hi].T @ b[lo:hi] for lo, hi in bounds]) if bounds else \
+        np.zeros((0, a.shape[1], b.shape[1]))

@@ -101,7 +101,7 @@ def test_size_grid():
     assert not failures, "\n".join(map(str, failures[:40]))
 
 
-@pytest.mark.parametrize("schedule", ["static", "stream_k", "split_k"])
+@pytest.mark.parametrize("schedule", ["static", "dynamic", "stream_k", "split_k"])
 @pytest.mark.parametrize("m,n,k", [(1536, 1536, 32768), (4096, 4096, 4096), (128, 8192, 8192),
                                    (333, 2056, 1000)])
 def test_every_schedule(schedule, m, n, k):
@@ -117,18 +117,43 @@ def test_every_schedule(schedule, m, n, k):
     assert np.array_equal(_bits(out), _bits(out2)), "not deterministic"
 
 
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
 @pytest.mark.parametrize("clusters", ["below", "equal", "above"])
-def test_tile_counts_around_resident_clusters(clusters):
-    probe = jax_cluster.plan(4096, 4096, 512, dtype=jnp.bfloat16)
+def test_tile_counts_around_resident_clusters(clusters, schedule):
+    probe = jax_cluster.plan(4096, 4096, 512, dtype=jnp.bfloat16, schedule=schedule)
     slots = probe.max_active_clusters
     tiles_n = slots + {"below": -1, "equal": 0, "above": 1}[clusters]
     m = probe.tile_m * probe.cluster_m
     n = probe.tile_n * tiles_n
-    plan = jax_cluster.plan(m, n, 512, dtype=jnp.bfloat16, variant=probe.variant, schedule="static")
+    plan = jax_cluster.plan(m, n, 512, dtype=jnp.bfloat16, variant=probe.variant,
+                            schedule=schedule)
     args = dict(shape_a=(m, 512), shape_b=(512, n), dtype=jnp.bfloat16, a_major="k",
                 b_major="n", out_dtype=jnp.bfloat16, plan=plan)
     err, finite, _ = _case(fresh_key(), **args)
     assert bool(finite) and float(err) < tolerance(jnp.bfloat16)
+
+
+@pytest.mark.parametrize("b_major", ["n", "k"])
+def test_dynamic_schedule_batched_and_both_layouts(b_major):
+    """The work queue walks every batch; each tile is whole, so repeats are bit-identical."""
+    batch, m, n, k = 3, 1000, 2056, 1000
+    plan = jax_cluster.plan(m, n, k, batch=batch, dtype=jnp.bfloat16, b_major=b_major,
+                            schedule="dynamic")
+    assert plan.uses_kernel and plan.schedule == "dynamic"
+    ka, kb = jax.random.split(fresh_key())
+    a = jax.random.normal(ka, (batch, m, k), jnp.float32).astype(jnp.bfloat16)
+    b = jax.random.normal(kb, (batch, k, n) if b_major == "n" else (batch, n, k),
+                          jnp.float32).astype(jnp.bfloat16)
+    run = jax.jit(lambda a, b: gemm(a, b, a_major="k", b_major=b_major,
+                                    out_dtype=jnp.bfloat16, plan=plan))
+    out, out2 = run(a, b), run(a, b)
+    spec = "bmk,bkn->bmn" if b_major == "n" else "bmk,bnk->bmn"
+    ref = jnp.einsum(spec, a.astype(jnp.float32), b.astype(jnp.float32),
+                     precision=lax.Precision.HIGHEST)
+    o = out.astype(jnp.float32)
+    assert bool(jnp.isfinite(o).all())
+    assert float(jnp.linalg.norm(o - ref) / jnp.linalg.norm(ref)) < tolerance(jnp.bfloat16)
+    assert np.array_equal(_bits(out), _bits(out2)), "not deterministic"
 
 
 @pytest.mark.parametrize("b_major", ["n", "k"])

@@ -149,3 +149,47 @@ def test_info_reports_build_and_path():
     assert "kernels:" in text and "path" in text
     info = jax_cluster.info(device=DeviceInfo("cpu"))
     assert info.sample_path == "xla"
+
+
+@needs_kernels
+def test_dense_plans_schedule_statically_unless_asked():
+    menu = {v.name: v for v in variants.load_menu()}
+    default = jax_cluster.plan(8192, 8192, 4096, dtype=jnp.bfloat16, device=H200)
+    assert default.schedule != "dynamic"  # equal tiles: nothing for a work queue to balance
+    dyn = jax_cluster.plan(8192, 8192, 4096, dtype=jnp.bfloat16, device=H200, schedule="dynamic")
+    assert dyn.schedule == "dynamic" and menu[dyn.variant].kind == "cooperative_dynamic"
+    assert "work queue" in dyn.explain() and "<- this plan" in dyn.explain()
+
+
+@needs_kernels
+@pytest.mark.parametrize("tiles,clusters", [(1, 66), (65, 66), (66, 66), (67, 66), (131, 66),
+                                            (500, 66), (7, 3)])
+def test_planner_makespan_matches_the_simulator(tiles, clusters):
+    from jax_cluster.plan import DYNAMIC_FETCH_OVERHEAD, _score
+    from jax_cluster.schedule import simulate, uniform_tiles
+    v = next(v for v in variants.load_menu() if v.kind == "cooperative_dynamic")
+    m = v.cta_tile_m * v.cluster_m
+
+    def modelled(n_tiles, schedule):
+        return _score(v, m, v.tile_n * n_tiles, 4096, 1, clusters, schedule, 1)[0]
+
+    one_tile = modelled(1, "static")
+    for schedule in ("static", "dynamic"):
+        sim = simulate(uniform_tiles(tiles), clusters, schedule,
+                       fetch_overhead=DYNAMIC_FETCH_OVERHEAD)
+        assert modelled(tiles, schedule) / one_tile == pytest.approx(sim.makespan)
+
+
+@needs_kernels
+def test_non_portable_clusters_need_an_opt_in(monkeypatch):
+    big = dataclasses.replace(next(v for v in variants.load_menu() if v.arch == "sm100a"
+                                   and v.problem == "dense"), cluster_m=4, cluster_n=4)
+    menu = variants.load_menu() + (big,)
+    monkeypatch.setattr(variants, "load_menu", lambda: menu)
+    monkeypatch.setattr(_ffi, "compiled_variant_names",
+                        lambda: frozenset(v.name for v in menu))
+    args = dict(dtype=jnp.bfloat16, device=B200, a_major=big.a_major, b_major=big.b_major)
+    p = jax_cluster.plan(8192, 8192, 8192, **args)
+    assert p.variant != big.name and any("non-portable" in n for n in p.notes)
+    pinned = jax_cluster.plan(8192, 8192, 8192, variant=big.name, **args)
+    assert pinned.path == "xla" and "opt in" in pinned.reason

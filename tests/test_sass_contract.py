@@ -14,6 +14,8 @@ pytestmark = [pytest.mark.skipif(not _ffi.with_kernels(), reason="built without 
               pytest.mark.skipif(sass.cuobjdump() is None, reason="cuobjdump not installed")]
 
 MARKER = re.compile(r"jax_cluster_variant_(\w+)")
+WORK_QUEUE_FETCH = r"\bATOMG\.E\.ADD\.STRONG\.GPU\b"  # integer add that returns the old value
+CLUSTER_BROADCAST = r"\bSTAS\b"
 
 
 def required(v: variants.Variant) -> dict[str, str]:
@@ -23,6 +25,10 @@ def required(v: variants.Variant) -> dict[str, str]:
         need[r"\bHGMMA\."] = "wgmma (warpgroup MMA)"
         if v.cluster_size > 1:
             need[r"\bUTMALDG\.[\w.]*MULTICAST"] = "multicast TMA load across the cluster"
+        if "dynamic" in v.schedules:
+            need[WORK_QUEUE_FETCH] = "work-queue fetch (global atomic add)"
+            if v.cluster_size > 1:
+                need[CLUSTER_BROADCAST] = "tile broadcast to the cluster (st.async)"
     else:
         need[r"\bUTC\w*MMA\b"] = "tcgen05 UMMA"
         if v.mma == "2cta":
@@ -37,7 +43,10 @@ def forbidden(v: variants.Variant) -> dict[str, str]:
     """Instructions a variant must not contain: they would mean the marker
     matched the wrong cubin, or the kernel is not the kind its row says."""
     if v.arch != "sm100a":
-        return {r"\bUTC\w*MMA\b": "tcgen05 in an sm90 kernel"}
+        out = {r"\bUTC\w*MMA\b": "tcgen05 in an sm90 kernel"}
+        if "dynamic" not in v.schedules:
+            out[CLUSTER_BROADCAST] = "work-queue broadcast in a statically scheduled kernel"
+        return out
     out = {}
     if v.mma == "1cta":
         out[r"\bUTC\w*MMA\.2CTA"] = "2-CTA UMMA in a 1-CTA variant"

@@ -10,14 +10,18 @@
 
 namespace jax_cluster {
 
-enum class Schedule : int { kStatic = 0, kStreamK = 1, kSplitK = 2 };
+enum class Schedule : int { kStatic = 0, kStreamK = 1, kSplitK = 2, kDynamic = 3, kClc = 4 };
 enum class Raster : int { kAlongM = 0, kAlongN = 1 };
 
+// Grouped variants read (m, n, k) as the GEMM view of the whole launch
+// (ragged_m: rows, N, K; ragged_k: K, N, rows), `batch` as the group count,
+// and take the group sizes from device memory.
 struct GemmProblem {
   int m = 0, n = 0, k = 0, batch = 1;
   const void* a = nullptr;
   const void* b = nullptr;
   void* d = nullptr;
+  const int32_t* group_sizes = nullptr;  // grouped variants only
 };
 
 // Runtime choices the compiled variant leaves open; all come from the Plan.

@@ -67,9 +67,11 @@ std::string resolve_plan(const Plan& plan, Dispatch* out) {
     return "plan.schedule '" + std::string(plan.schedule) + "' is not one of " + v->schedules;
 
   LaunchChoices& c = out->choices;
-  c.schedule = plan.schedule == "stream_k" ? Schedule::kStreamK
+  c.schedule = plan.schedule == "stream_k"  ? Schedule::kStreamK
                : plan.schedule == "split_k" ? Schedule::kSplitK
-                                            : Schedule::kStatic;  // static and clc
+               : plan.schedule == "dynamic" ? Schedule::kDynamic
+               : plan.schedule == "clc"     ? Schedule::kClc
+                                            : Schedule::kStatic;
   if (plan.splits < 1 || plan.splits > 64) return "plan.splits must be in [1, 64]";
   if (c.schedule != Schedule::kSplitK && plan.splits != 1)
     return "plan.splits must be 1 unless plan.schedule is 'split_k'";

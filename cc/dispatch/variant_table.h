@@ -18,6 +18,7 @@ struct VariantEntry {
   int tile_m, tile_n, tile_k, cluster_m, cluster_n, stages;
   const char* mma;
   const char* kind;
+  const char* problem;    // "dense" | "ragged_m" | "ragged_k"
   const char* schedules;  // comma-separated schedules this kind can run
   const VariantOps& (*ops)();
 };

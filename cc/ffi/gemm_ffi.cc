@@ -4,12 +4,13 @@
 #include "ffi/gemm_ffi.h"
 
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include <cuda_runtime_api.h>
 
 #include "dispatch/gemm_dispatch.h"
+#include "ffi/buffer_checks.h"
+#include "ffi/launch.h"
 #include "ffi/plan_attr.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -18,29 +19,8 @@ namespace ffi = xla::ffi;
 namespace jax_cluster {
 namespace {
 
-const char* dtype_name(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::BF16: return "bf16";
-    case ffi::DataType::F16: return "f16";
-    case ffi::DataType::F32: return "f32";
-    default: return "unsupported";
-  }
-}
-
 ffi::Error invalid(const std::string& msg) {
   return ffi::Error::InvalidArgument("jax_cluster_gemm: " + msg);
-}
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// JAX_CLUSTER_POISON_OUTPUT=1 fills D with 0xFF bytes (NaN in every output
-// dtype) before each launch, so a test sees any element the kernel skips.
-bool poison_output() {
-  static const bool on = [] {
-    const char* v = std::getenv("JAX_CLUSTER_POISON_OUTPUT");
-    return v != nullptr && v[0] == '1';
-  }();
-  return on;
 }
 
 // Reads M, N, K and the batch from the buffers as the variant lays them out.
@@ -67,12 +47,7 @@ std::string problem_from_buffers(const VariantEntry& v, const ffi::AnyBuffer& a,
     return "a dimension exceeds 2^31 - 1";
   // TMA reads every row at a 16-byte-aligned address.
   int64_t lead_a = v.a_major == 'k' ? ka : m, lead_b = v.b_major == 'k' ? ka : n;
-  int out_bytes = d.element_type() == ffi::DataType::F32 ? 4 : 2;
-  if ((lead_a * 2) % 16 || (lead_b * 2) % 16 || (n * out_bytes) % 16)
-    return "leading dimensions must be multiples of 16 bytes (TMA)";
-  if (!aligned16(a.untyped_data()) || !aligned16(b.untyped_data()) ||
-      !aligned16(d.untyped_data()))
-    return "buffers must be 16-byte aligned";
+  if (std::string err = check_tma_alignment(lead_a, lead_b, n, a, b, d); !err.empty()) return err;
   *p = GemmProblem{static_cast<int>(m), static_cast<int>(n), static_cast<int>(ka),
                    static_cast<int>(batch), a.untyped_data(), b.untyped_data(),
                    d.untyped_data()};
@@ -85,12 +60,9 @@ ffi::Error gemm_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   Dispatch dispatch;
   if (std::string err = resolve_plan(plan, &dispatch); !err.empty()) return invalid(err);
   const VariantEntry& v = *dispatch.variant;
-  if (std::string(dtype_name(a.element_type())) != v.dtype ||
-      std::string(dtype_name(b.element_type())) != v.dtype ||
-      std::string(dtype_name(d->element_type())) != v.out)
-    return invalid(std::string("dtypes (") + dtype_name(a.element_type()) + ", " +
-                   dtype_name(b.element_type()) + ") -> " + dtype_name(d->element_type()) +
-                   " do not match variant " + v.name);
+  if (std::string(v.problem) != "dense")
+    return invalid(std::string("variant ") + v.name + " is grouped: call jax_cluster_ragged_dot");
+  if (std::string err = check_dtypes(v, a, b, *d); !err.empty()) return invalid(err);
   GemmProblem problem;
   if (std::string err = problem_from_buffers(v, a, b, *d, &problem); !err.empty())
     return invalid(err);
@@ -100,27 +72,7 @@ ffi::Error gemm_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
       return ffi::Error::Internal("jax_cluster_gemm: cudaMemsetAsync failed");
     return ffi::Error::Success();
   }
-  // XLA makes the stream's context current before running the call;
-  // cudaStreamGetDevice would fail on the streams it captures into graphs.
-  int device_id = 0;
-  if (cudaGetDevice(&device_id) != cudaSuccess) {
-    cudaGetLastError();
-    return ffi::Error::Internal("jax_cluster_gemm: no current CUDA device");
-  }
-  if (std::string err = check_device(plan, &dispatch, device_id); !err.empty())
-    return invalid(err);
-  if (poison_output() &&
-      cudaMemsetAsync(d->untyped_data(), 0xFF, d->size_bytes(), stream) != cudaSuccess)
-    return ffi::Error::Internal("jax_cluster_gemm: poisoning the output failed");
-  const VariantOps& ops = v.ops();
-  size_t need = ops.workspace_size(problem, dispatch.choices, dispatch.slots);
-  if (need > workspace->size_bytes())
-    return invalid("workspace has " + std::to_string(workspace->size_bytes()) +
-                   " bytes, variant needs " + std::to_string(need));
-  if (const char* err = ops.run(problem, dispatch.choices, dispatch.slots,
-                                workspace->untyped_data(), workspace->size_bytes(), stream))
-    return ffi::Error::Internal(std::string("jax_cluster_gemm (") + v.name + "): " + err);
-  return ffi::Error::Success();
+  return launch_variant("jax_cluster_gemm", plan, dispatch, problem, *d, *workspace, stream);
 }
 
 }  // namespace

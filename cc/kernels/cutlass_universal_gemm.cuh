@@ -52,6 +52,21 @@ int occupancy_max_active_clusters(int device_id) {
   return clusters;
 }
 
+// Checks, initialises the workspace (stream-ordered) and launches one CUTLASS
+// GEMM; never synchronises, so it is safe inside CUDA graph capture.
+template <class Gemm>
+const char* initialize_and_run(typename Gemm::Arguments const& args, void* workspace,
+                               cudaStream_t stream) {
+  if (Gemm::can_implement(args) != cutlass::Status::kSuccess)
+    return "CUTLASS cannot implement this problem (alignment or shape)";
+  Gemm gemm;
+  if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess)
+    return "kernel initialisation failed (shared memory attribute or workspace)";
+  if (gemm.run(stream) != cutlass::Status::kSuccess) return "kernel launch failed";
+  cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
 template <class Arch, class ElementAB, class ElementD, class LayoutA, class LayoutB,
           class TileShape, class ClusterShape, int Stages, class MainloopSchedule,
           class EpilogueSchedule, class TileScheduler>
@@ -115,23 +130,16 @@ struct CutlassUniversalGemm {
     return Gemm::get_workspace_size(arguments(p, c, s));
   }
 
-  // Checks, initialises the XLA-provided workspace (stream-ordered) and
-  // launches; never synchronises, so it is safe inside CUDA graph capture.
   static const char* run(const GemmProblem& p, const LaunchChoices& c, const DeviceSlots& s,
                          void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-    if (!kHasStreamK && c.schedule != Schedule::kStatic)
-      return "this variant has one built-in schedule (static or clc)";
+    // The dispatcher has matched the schedule to the variant's kind; only the
+    // stream-K scheduler reads it at run time.
+    if (!kHasStreamK && (c.schedule == Schedule::kStreamK || c.schedule == Schedule::kSplitK))
+      return "this variant has one built-in schedule (static, dynamic or clc)";
     auto args = arguments(p, c, s);
-    if (Gemm::can_implement(args) != cutlass::Status::kSuccess)
-      return "CUTLASS cannot implement this problem (alignment or shape)";
     if (Gemm::get_workspace_size(args) > workspace_bytes)
       return "workspace buffer is smaller than the variant needs";
-    Gemm gemm;
-    if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess)
-      return "kernel initialisation failed (shared memory attribute or workspace)";
-    if (gemm.run(stream) != cutlass::Status::kSuccess) return "kernel launch failed";
-    cudaError_t err = cudaGetLastError();
-    return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+    return initialize_and_run<Gemm>(args, workspace, stream);
   }
 
   static int max_active_clusters(int device_id) {

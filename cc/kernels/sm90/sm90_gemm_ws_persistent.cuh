@@ -12,10 +12,12 @@
 // Scheduling: persistent grid of the Plan's resident clusters. Cooperative
 //   kernels use CUTLASS's stream-K scheduler, which runs data-parallel
 //   (static, swizzled raster), split-K or stream-K as the Plan says;
-//   ping-pong kernels are static only.
+//   cooperative-dynamic kernels take tiles from a global work queue
+//   (sm90_dynamic_tile_scheduler.cuh); ping-pong kernels are static only.
 #pragma once
 
 #include "kernels/cutlass_universal_gemm.cuh"
+#include "kernels/sm90/sm90_dynamic_tile_scheduler.cuh"
 
 namespace jax_cluster::sm90 {
 
@@ -23,6 +25,12 @@ struct Cooperative {
   using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
   using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
   using Scheduler = cutlass::gemm::StreamKScheduler;
+};
+
+struct CooperativeDynamic {
+  using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using Scheduler = DynamicPersistentScheduler;
 };
 
 struct Pingpong {

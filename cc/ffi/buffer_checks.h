@@ -1,0 +1,69 @@
+// Checks and helpers both FFI handlers apply to XLA's buffers.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include "dispatch/variant_table.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jax_cluster {
+
+inline const char* dtype_name(xla::ffi::DataType t) {
+  switch (t) {
+    case xla::ffi::DataType::BF16: return "bf16";
+    case xla::ffi::DataType::F16: return "f16";
+    case xla::ffi::DataType::F32: return "f32";
+    default: return "unsupported";
+  }
+}
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// "" when A, B and D have the element types the variant was compiled for.
+inline std::string check_dtypes(const VariantEntry& v, const xla::ffi::AnyBuffer& a,
+                                const xla::ffi::AnyBuffer& b, const xla::ffi::AnyBuffer& d) {
+  if (std::string(dtype_name(a.element_type())) == v.dtype &&
+      std::string(dtype_name(b.element_type())) == v.dtype &&
+      std::string(dtype_name(d.element_type())) == v.out)
+    return "";
+  return std::string("dtypes (") + dtype_name(a.element_type()) + ", " +
+         dtype_name(b.element_type()) + ") -> " + dtype_name(d.element_type()) +
+         " do not match variant " + v.name;
+}
+
+// "" when TMA can read every row: 16-byte leading dimensions (A and B are
+// 2-byte types) and 16-byte aligned buffers.
+inline std::string check_tma_alignment(int64_t lead_a, int64_t lead_b, int64_t n,
+                                       const xla::ffi::AnyBuffer& a, const xla::ffi::AnyBuffer& b,
+                                       const xla::ffi::AnyBuffer& d) {
+  int out_bytes = d.element_type() == xla::ffi::DataType::F32 ? 4 : 2;
+  if ((lead_a * 2) % 16 || (lead_b * 2) % 16 || (n * out_bytes) % 16)
+    return "leading dimensions must be multiples of 16 bytes (TMA)";
+  if (!aligned16(a.untyped_data()) || !aligned16(b.untyped_data()) || !aligned16(d.untyped_data()))
+    return "buffers must be 16-byte aligned";
+  return "";
+}
+
+// JAX_CLUSTER_POISON_OUTPUT=1 fills D with 0xFF bytes (NaN in every output
+// dtype) before each launch, so a test sees any element the kernel skips.
+inline bool poison_output() {
+  static const bool on = [] {
+    const char* v = std::getenv("JAX_CLUSTER_POISON_OUTPUT");
+    return v != nullptr && v[0] == '1';
+  }();
+  return on;
+}
+
+// XLA makes the stream's context current before running the call;
+// cudaStreamGetDevice would fail on the streams it captures into graphs.
+inline bool current_device(int* device_id) {
+  if (cudaGetDevice(device_id) == cudaSuccess) return true;
+  cudaGetLastError();
+  return false;
+}
+
+}  // namespace jax_cluster

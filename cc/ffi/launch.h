@@ -1,0 +1,44 @@
+// The last steps both FFI handlers share once the buffers are checked:
+// device and residency checks, optional output poisoning, the workspace
+// check and the launch on XLA's stream.
+#pragma once
+
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include "common/gemm_problem.h"
+#include "common/plan.h"
+#include "dispatch/gemm_dispatch.h"
+#include "ffi/buffer_checks.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jax_cluster {
+
+inline xla::ffi::Error launch_variant(const char* target, const Plan& plan, Dispatch& dispatch,
+                                      const GemmProblem& problem, xla::ffi::AnyBuffer& d,
+                                      xla::ffi::AnyBuffer& workspace, cudaStream_t stream) {
+  namespace ffi = xla::ffi;
+  auto invalid = [&](const std::string& msg) {
+    return ffi::Error::InvalidArgument(std::string(target) + ": " + msg);
+  };
+  int device_id = 0;
+  if (!current_device(&device_id))
+    return ffi::Error::Internal(std::string(target) + ": no current CUDA device");
+  if (std::string err = check_device(plan, &dispatch, device_id); !err.empty())
+    return invalid(err);
+  if (poison_output() && cudaMemsetAsync(d.untyped_data(), 0xFF, d.size_bytes(), stream) != cudaSuccess)
+    return ffi::Error::Internal(std::string(target) + ": poisoning the output failed");
+  const VariantEntry& v = *dispatch.variant;
+  const VariantOps& ops = v.ops();
+  size_t need = ops.workspace_size(problem, dispatch.choices, dispatch.slots);
+  if (need > workspace.size_bytes())
+    return invalid("workspace has " + std::to_string(workspace.size_bytes()) +
+                   " bytes, variant needs " + std::to_string(need));
+  if (const char* err = ops.run(problem, dispatch.choices, dispatch.slots,
+                                workspace.untyped_data(), workspace.size_bytes(), stream))
+    return ffi::Error::Internal(std::string(target) + " (" + v.name + "): " + err);
+  return ffi::Error::Success();
+}
+
+}  // namespace jax_cluster

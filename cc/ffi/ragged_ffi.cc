@@ -1,0 +1,114 @@
+// Decodes and checks one "jax_cluster_ragged_dot" call (see the contract in
+// kernels/sm90/sm90_grouped_gemm.cuh) and launches its grouped variant.
+// Group sizes stay on the device; everything wrong comes back as ffi::Error.
+#include "ffi/ragged_ffi.h"
+
+#include <cstdint>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include "dispatch/gemm_dispatch.h"
+#include "ffi/buffer_checks.h"
+#include "ffi/launch.h"
+#include "ffi/plan_attr.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jax_cluster {
+namespace {
+
+constexpr const char* kTarget = "jax_cluster_ragged_dot";
+
+ffi::Error invalid(const std::string& msg) {
+  return ffi::Error::InvalidArgument(std::string(kTarget) + ": " + msg);
+}
+
+std::string dims(ffi::Span<const int64_t> d) {
+  std::string out = "[";
+  for (size_t i = 0; i < d.size(); ++i) out += (i ? ", " : "") + std::to_string(d[i]);
+  return out + "]";
+}
+
+// Fills the GEMM view (see GemmProblem) from the buffers as the variant lays them out.
+std::string problem_from_buffers(const VariantEntry& v, const ffi::AnyBuffer& a,
+                                 const ffi::AnyBuffer& b, int64_t groups,
+                                 const ffi::AnyBuffer& d, GemmProblem* p) {
+  auto da = a.dimensions(), db = b.dimensions(), dd = d.dimensions();
+  bool ragged_m = std::string(v.problem) == "ragged_m";
+  int64_t m, n, k;
+  if (ragged_m) {  // A [rows, K]; B [G, K, N] or [G, N, K]; D [rows, N]
+    if (da.size() != 2 || db.size() != 3 || dd.size() != 2)
+      return "ragged_m takes A [rows, K], B [G, K, N] or [G, N, K] and gives [rows, N]; got A " +
+             dims(da) + ", B " + dims(db) + ", result " + dims(dd);
+    m = da[0], k = da[1];
+    n = v.b_major == 'n' ? db[2] : db[1];
+    int64_t kb = v.b_major == 'n' ? db[1] : db[2];
+    if (db[0] != groups) return "B holds " + std::to_string(db[0]) + " groups, group_sizes " +
+                                std::to_string(groups);
+    if (kb != k) return "contracting dimensions differ: A has " + std::to_string(k) + ", B has " +
+                        std::to_string(kb);
+    if (dd[0] != m || dd[1] != n) return "result must be [rows, N]; got " + dims(dd);
+  } else {  // A [rows, K'] read transposed; B [rows, N']; D [G, K', N']
+    if (da.size() != 2 || db.size() != 2 || dd.size() != 3)
+      return "ragged_k takes A [rows, K'], B [rows, N'] and gives [G, K', N']; got A " + dims(da) +
+             ", B " + dims(db) + ", result " + dims(dd);
+    if (da[0] != db[0]) return "A and B have different row counts";
+    m = da[1], n = db[1], k = da[0];
+    if (dd[0] != groups || dd[1] != m || dd[2] != n)
+      return "result must be [G, K', N']; got " + dims(dd);
+  }
+  const int64_t kMax = INT32_MAX;
+  if (m > kMax || n > kMax || k > kMax || groups > kMax) return "a dimension exceeds 2^31 - 1";
+  // TMA reads every row, and every group starts, at a 16-byte-aligned address.
+  int64_t lead_a = ragged_m ? k : m, lead_b = v.b_major == 'k' ? k : n;
+  if (std::string err = check_tma_alignment(lead_a, lead_b, n, a, b, d); !err.empty()) return err;
+  *p = GemmProblem{static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                   static_cast<int>(groups), a.untyped_data(), b.untyped_data(), d.untyped_data()};
+  return "";
+}
+
+ffi::Error ragged_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                       ffi::Buffer<ffi::S32> group_sizes, ffi::Result<ffi::AnyBuffer> d,
+                       ffi::Result<ffi::AnyBuffer> workspace, Plan plan) {
+  Dispatch dispatch;
+  if (std::string err = resolve_plan(plan, &dispatch); !err.empty()) return invalid(err);
+  const VariantEntry& v = *dispatch.variant;
+  if (std::string(v.problem) == "dense")
+    return invalid(std::string("variant ") + v.name + " is dense: call jax_cluster_gemm");
+  if (std::string err = check_dtypes(v, a, b, *d); !err.empty()) return invalid(err);
+  if (group_sizes.dimensions().size() != 1) return invalid("group_sizes must be rank 1");
+  int64_t groups = group_sizes.dimensions()[0];
+  if (groups < 1) return invalid("group_sizes is empty");
+  GemmProblem problem;
+  if (std::string err = problem_from_buffers(v, a, b, groups, *d, &problem); !err.empty())
+    return invalid(err);
+  problem.group_sizes = group_sizes.typed_data();
+  if (d->size_bytes() == 0) return ffi::Error::Success();
+  int64_t rows = std::string(v.problem) == "ragged_m" ? problem.m : problem.k;
+  int64_t contraction = std::string(v.problem) == "ragged_m" ? problem.k : rows;
+  if (contraction == 0 || rows == 0) {  // empty sums everywhere: the result is zero
+    if (cudaMemsetAsync(d->untyped_data(), 0, d->size_bytes(), stream) != cudaSuccess)
+      return ffi::Error::Internal(std::string(kTarget) + ": cudaMemsetAsync failed");
+    return ffi::Error::Success();
+  }
+  return launch_variant(kTarget, plan, dispatch, problem, *d, *workspace, stream);
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedFfi, ragged_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<Plan>("plan"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_Handler* ragged_ffi_handler() { return RaggedFfi; }
+
+}  // namespace jax_cluster

@@ -1,0 +1,30 @@
+// The one global counter a dynamic scheduler hands tiles out from: four
+// bytes of the launch workspace, zeroed by a stream-ordered memset before
+// every launch (no host sync; safe in CUDA graphs).
+#pragma once
+
+#include <cstdint>
+
+#include <cutlass/cutlass.h>
+#include <cutlass/kernel_hardware_info.h>
+#include <cutlass/workspace.h>
+
+namespace jax_cluster::sm90 {
+
+struct WorkQueueCounter {
+  template <class ProblemShape, class ElementAccumulator, class Arguments>
+  static size_t get_workspace_size(Arguments const&, ProblemShape, cutlass::KernelHardwareInfo const&,
+                                   uint32_t, uint32_t = 1, uint32_t = 1) {
+    return sizeof(uint32_t);
+  }
+
+  template <class ProblemShape, class ElementAccumulator, class Arguments>
+  static cutlass::Status initialize_workspace(Arguments const&, void* workspace, cudaStream_t stream,
+                                              ProblemShape, cutlass::KernelHardwareInfo const&,
+                                              uint32_t, uint32_t = 1, uint32_t = 1,
+                                              cutlass::CudaHostAdapter* adapter = nullptr) {
+    return cutlass::zero_workspace(workspace, sizeof(uint32_t), stream, adapter);
+  }
+};
+
+}  // namespace jax_cluster::sm90

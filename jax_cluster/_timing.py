@@ -1,0 +1,66 @@
+"""Time one jitted call on the GPU: CUPTI kernel time when present, else wall time.
+
+Shared by `jax_cluster.tuning` and the benchmarks. Inputs rotate through
+several sets inside one jit, so small problems are not timed out of a warm L2.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import jax
+
+L2_FLUSH_BYTES = 256 << 20   # rotate inputs until they exceed every L2 by far
+
+
+def rotation(bytes_per_set: int) -> int:
+    """How many input sets to rotate through so they do not stay in L2."""
+    return max(1, min(16, math.ceil(L2_FLUSH_BYTES / max(bytes_per_set, 1))))
+
+
+def _rotated(fn):
+    return jax.jit(lambda args_list: [fn(*args) for args in args_list])
+
+
+def _warm(rotated, args_list, runs: int) -> None:
+    for _ in range(runs):
+        jax.block_until_ready(rotated(args_list))
+
+
+def cupti_ms(fn, args_list, iterations: int = 10, warmup: int = 0) -> float:
+    """Median kernel time of one call of `fn`, from CUPTI activity records.
+
+    `profiler.measure` runs the call once untimed itself; `warmup` adds more.
+    Raises ImportError or RuntimeError where CUPTI cannot be used.
+    """
+    from jax.experimental.mosaic.gpu import profiler
+
+    rotated = _rotated(fn)
+    _warm(rotated, args_list, warmup)
+    _, timings = profiler.measure(rotated, iterations=iterations)(args_list)
+    if timings is None:
+        raise RuntimeError("CUPTI recorded no kernel launches")
+    per_iter = timings if isinstance(timings, list) else [timings]
+    return statistics.median(per_iter) / len(args_list)
+
+
+def wall_ms(fn, args_list, iterations: int = 10, warmup: int = 1) -> float:
+    """Median wall time of one call of `fn`, host launch overhead included."""
+    rotated = _rotated(fn)
+    _warm(rotated, args_list, max(1, warmup))  # at least the compile stays out of the timing
+    times = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        jax.block_until_ready(rotated(args_list))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3 / len(args_list)
+
+
+def cupti_works(x) -> bool:
+    """Whether CUPTI can time a call on `x`'s device (mosaic's GPU library and libcupti load)."""
+    try:
+        cupti_ms(lambda x: x + 1, [(x,)], iterations=1)
+    except Exception:  # any failure to load or read CUPTI means: time by the wall clock
+        return False
+    return True
