@@ -25,12 +25,28 @@ def _evidence(p) -> list[str]:
             f"A {p.a_major}-major, B {p.b_major}-major (given)",
             f"device: {d.platform} {d.name or '?'} cc={d.compute_capability} "
             f"SMs={d.sm_count} ({d.source})"]
+    bound = _roofline(p)
+    if bound:
+        rows.append(bound)
     if p.uses_kernel:
         rows.append(f"resident clusters: {p.max_active_clusters} ({p.residency})")
         rows.append(f"waves: {p.waves:.2f}, predicted efficiency {p.predicted_efficiency:.0%} (modelled)")
         rows.append(f"workspace: {p.workspace_bytes} bytes through XLA (queried from the variant)")
     rows.extend(f"note: {note}" for note in p.notes)
     return rows
+
+
+def _roofline(p) -> str:
+    from jax_cluster import roofline
+    edge = roofline.ridge(p.device)
+    if edge is None or getattr(p, "problem", "dense") != "dense":
+        return ""
+    sizes = {"bf16": 2, "f16": 2, "f32": 4}
+    ai = roofline.intensity(p.m, p.n, p.k, p.batch, sizes.get(p.dtype, 2), sizes.get(p.out_dtype, 2))
+    point, peak, bandwidth = edge
+    kind = "memory-bound" if ai < point else "compute-bound"
+    return (f"arithmetic intensity {ai:.0f} FLOP/byte against a ridge point of {point:.0f} "
+            f"({peak / 1e12:.0f} TFLOP/s / {bandwidth / 1e12:.2f} TB/s, modelled): {kind}")
 
 
 def _contract(p) -> list[str]:

@@ -193,3 +193,19 @@ def test_non_portable_clusters_need_an_opt_in(monkeypatch):
     assert p.variant != big.name and any("non-portable" in n for n in p.notes)
     pinned = jax_cluster.plan(8192, 8192, 8192, variant=big.name, **args)
     assert pinned.path == "xla" and "opt in" in pinned.reason
+
+
+@pytest.mark.parametrize("m,n,k,bound", [(8192, 8192, 8192, "compute-bound"),
+                                         (16, 14336, 4096, "memory-bound"),
+                                         (128, 8192, 8192, "memory-bound")])
+def test_explain_places_the_problem_against_the_ridge_point(m, n, k, bound):
+    from jax_cluster import roofline
+    h200 = dataclasses.replace(H200, name="NVIDIA H200")
+    point, peak, bandwidth = roofline.ridge(h200)
+    assert bandwidth == 4.8e12 and point == pytest.approx(peak / 4.8e12)
+    # hand-computed: 16x14336x4096 bf16 moves (16*4096 + 4096*14336 + 16*14336) * 2 bytes
+    if m == 16:
+        assert roofline.intensity(m, n, k, 1, 2, 2) == pytest.approx(
+            2 * 16 * 14336 * 4096 / ((16 * 4096 + 4096 * 14336 + 16 * 14336) * 2))
+    text = jax_cluster.plan(m, n, k, dtype=jnp.bfloat16, device=h200).explain()
+    assert f"{bound}" in text and "ridge point" in text and "modelled" in text
