@@ -134,6 +134,26 @@ def why_xla(dev: DeviceInfo, dt: str, out: str, dims, a_major: str, b_major: str
     return _alignment_problem(*dims[:3], a_major, b_major, out)
 
 
+def menu_rows(arch: str, problem: str, dt: str, out: str, a_major: str, b_major: str,
+              overrides: dict, caller: str) -> tuple[list[variants.Variant], str]:
+    """The compiled rows for this problem, arch, dtypes and layouts that match the
+    overrides, or the reason there are none. Overrides that match no row raise."""
+    compiled = _ffi.compiled_variant_names()
+    rows = [v for v in variants.load_menu() if v.name in compiled and v.arch == arch
+            and v.problem == problem
+            and (v.dtype, v.out, v.a_major, v.b_major) == (dt, out, a_major, b_major)]
+    if not rows:
+        kind = "" if problem == "dense" else f"{problem} "
+        return [], (f"no compiled {arch} {kind}variant for {dt}->{out} with A {a_major}-major "
+                    f"and B {b_major}-major")
+    rows = [v for v in rows if _matches(v, overrides)]
+    if not rows:
+        kind = "" if problem == "dense" else f"{problem} "
+        raise ValueError(f"{caller}: no compiled {kind}variant matches {overrides}; "
+                         f"the menu is in {variants.MENU_PATH.name}")
+    return rows, ""
+
+
 def _resident_clusters(v: variants.Variant, device: DeviceInfo) -> tuple[int, str]:
     """Clusters of `v` that fit at once: queried on a present GPU, else modelled."""
     if device.source == "queried" and _ffi.with_kernels():
@@ -222,17 +242,9 @@ def plan_gemm(m: int, n: int, k: int, *, dtype, out_dtype=None, batch: int = 1,
     if why:
         return fallback(why)
     arch = dev.arch
-    compiled = _ffi.compiled_variant_names()
-    candidates = [v for v in variants.load_menu() if v.name in compiled and v.arch == arch
-                  and v.problem == "dense"
-                  and (v.dtype, v.out, v.a_major, v.b_major) == (dt, out, a_major, b_major)]
-    if not candidates:
-        return fallback(f"no compiled {arch} variant for {dt}->{out} with A {a_major}-major "
-                        f"and B {b_major}-major")
-    candidates = [v for v in candidates if _matches(v, overrides)]
-    if not candidates:
-        raise ValueError(f"plan(): no compiled variant matches {overrides}; "
-                         f"the menu is in {variants.MENU_PATH.name}")
+    candidates, why = menu_rows(arch, "dense", dt, out, a_major, b_major, overrides, "plan()")
+    if why:
+        return fallback(why)
     base_notes = []
     if not overrides.get("allow_nonportable_cluster", False):
         base_notes = [f"{v.name}: a {v.cluster_size}-CTA cluster is non-portable; pass "

@@ -14,7 +14,7 @@ import dataclasses
 
 from jax_cluster import _ffi, variants
 from jax_cluster.device import describe
-from jax_cluster.plan import (Plan, dtype_name, why_xla, _matches, _resident_clusters, _score)
+from jax_cluster.plan import Plan, dtype_name, menu_rows, why_xla, _resident_clusters, _score
 
 RAGGED_PROBLEMS = ("ragged_m", "ragged_k")
 DEFAULT_A_MAJOR = {"ragged_m": "k", "ragged_k": "m"}
@@ -62,17 +62,10 @@ def plan_ragged(m: int, n: int, k: int, groups: int, *, problem: str, dtype, out
     if why:
         return fallback(why)
     arch = dev.arch
-    compiled = _ffi.compiled_variant_names()
-    candidates = [v for v in variants.load_menu() if v.name in compiled and v.arch == arch
-                  and v.problem == problem and "dynamic" in v.schedules
-                  and (v.dtype, v.out, v.a_major, v.b_major) == (dt, out, a_major, b_major)]
-    if not candidates:
-        return fallback(f"no compiled {arch} {problem} variant for {dt}->{out} with A "
-                        f"{a_major}-major and B {b_major}-major")
-    candidates = [v for v in candidates if _matches(v, overrides)]
-    if not candidates:
-        raise ValueError(f"plan_ragged(): no compiled {problem} variant matches {overrides}; "
-                         f"the menu is in {variants.MENU_PATH.name}")
+    candidates, why = menu_rows(arch, problem, dt, out, a_major, b_major, overrides,
+                                "plan_ragged()")
+    if why:
+        return fallback(why)
 
     best, notes = None, []
     for v in candidates:

@@ -86,9 +86,8 @@ ffi::Error ragged_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
     return invalid(err);
   problem.group_sizes = group_sizes.typed_data();
   if (d->size_bytes() == 0) return ffi::Error::Success();
-  int64_t rows = std::string(v.problem) == "ragged_m" ? problem.m : problem.k;
-  int64_t contraction = std::string(v.problem) == "ragged_m" ? problem.k : rows;
-  if (contraction == 0 || rows == 0) {  // empty sums everywhere: the result is zero
+  // Both problems contract over GEMM k: K for ragged_m, the rows for ragged_k.
+  if (problem.k == 0) {  // empty sums everywhere: the result is zero
     if (cudaMemsetAsync(d->untyped_data(), 0, d->size_bytes(), stream) != cudaSuccess)
       return ffi::Error::Internal(std::string(kTarget) + ": cudaMemsetAsync failed");
     return ffi::Error::Success();

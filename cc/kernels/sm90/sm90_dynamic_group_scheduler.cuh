@@ -45,9 +45,7 @@ class DynamicGroupScheduler : public cutlass::gemm::kernel::detail::PersistentTi
   using typename Static::SchedulerResponse;
   using typename Static::WorkTileInfo;
 
-  struct Params : Static::Params {
-    uint32_t* tile_counter = nullptr;  // in the launch workspace, zeroed per launch
-  };
+  using Params = WorkQueueParams<typename Static::Params>;
 
   template <class TileShape, class ClusterShape>
   static Params to_underlying_arguments(GroupProblemShape problem, TileShape tile,
@@ -56,11 +54,9 @@ class DynamicGroupScheduler : public cutlass::gemm::kernel::detail::PersistentTi
                                         Arguments const& args, void* workspace = nullptr,
                                         uint32_t epilogue_subtile = 1, uint32_t = 1u) {
     static_assert(cute::size(ClusterShape{}) == 1, "the dynamic group scheduler runs 1x1 clusters");
-    Params p;
-    static_cast<typename Static::Params&>(p) =
-        Static::to_underlying_arguments(problem, tile, cluster, hw, args, workspace, epilogue_subtile);
-    p.tile_counter = static_cast<uint32_t*>(workspace);
-    return p;
+    return Params::with_counter(
+        Static::to_underlying_arguments(problem, tile, cluster, hw, args, workspace, epilogue_subtile),
+        workspace);
   }
 
   using WorkQueueCounter::get_workspace_size;

@@ -147,9 +147,7 @@ class DynamicTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
     uint32_t cluster_tile;
   };
 
-  struct Params : Static::Params {
-    uint32_t* tile_counter = nullptr;  // in the launch workspace, zeroed per launch
-  };
+  using Params = WorkQueueParams<typename Static::Params>;
 
   class SharedStorage {
    public:
@@ -168,11 +166,9 @@ class DynamicTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
                                         ClusterShape cluster, cutlass::KernelHardwareInfo const& hw,
                                         Arguments const& args, void* workspace = nullptr,
                                         uint32_t epilogue_subtile = 1, uint32_t = 1u) {
-    Params p;
-    static_cast<typename Static::Params&>(p) =
-        Static::to_underlying_arguments(problem, tile, cluster, hw, args, workspace, epilogue_subtile);
-    p.tile_counter = static_cast<uint32_t*>(workspace);
-    return p;
+    return Params::with_counter(
+        Static::to_underlying_arguments(problem, tile, cluster, hw, args, workspace, epilogue_subtile),
+        workspace);
   }
 
   using WorkQueueCounter::get_workspace_size;

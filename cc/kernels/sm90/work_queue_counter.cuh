@@ -11,6 +11,19 @@
 
 namespace jax_cluster::sm90 {
 
+// A static scheduler's Params plus the counter's address.
+template <class StaticParams>
+struct WorkQueueParams : StaticParams {
+  uint32_t* tile_counter = nullptr;
+
+  static WorkQueueParams with_counter(StaticParams const& base, void* workspace) {
+    WorkQueueParams p;
+    static_cast<StaticParams&>(p) = base;
+    p.tile_counter = static_cast<uint32_t*>(workspace);
+    return p;
+  }
+};
+
 struct WorkQueueCounter {
   template <class ProblemShape, class ElementAccumulator, class Arguments>
   static size_t get_workspace_size(Arguments const&, ProblemShape, cutlass::KernelHardwareInfo const&,
