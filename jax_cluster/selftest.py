@@ -1,6 +1,6 @@
 """Runs every compiled variant for the present GPU against XLA.
 
-    python -m jax_cluster.selftest [--quick]
+    python -m jax_cluster.selftest [--quick] [--only NAME_PART]
 
 For each variant and each schedule it can run: tile counts one below, equal
 to and one above the resident clusters (cudaOccupancyMaxActiveClusters), and
@@ -26,6 +26,8 @@ from jax_cluster.primitives import gemm
 from jax_cluster.ragged_plan import plan_ragged
 from jax_cluster.ragged_primitives import clamp_group_sizes, ragged
 
+# (M, N, K) with M odd, for A stored [M,K]; odd_shape() moves the odd size to
+# K when A is stored [K,M], since TMA needs 16-byte leading dimensions.
 ODD_SHAPES = [(7, 24, 8), (129, 136, 72), (333, 2056, 1000), (1000, 1016, 4104)]
 DTYPES = {"bf16": jnp.bfloat16, "f16": jnp.float16, "f32": jnp.float32}
 TOLERANCE = {"bf16": 1e-2, "f16": 2e-3, "f32": 1e-4}
@@ -39,6 +41,11 @@ def _boundary_shapes(v: variants.Variant, clusters: int, k: int = 512):
             for count in (max(1, clusters - 1), clusters, clusters + 1)]
 
 
+def odd_shape(v: variants.Variant, m: int, n: int, k: int) -> tuple[int, int, int]:
+    """An odd but TMA-aligned problem for the variant's layouts."""
+    return (k, n, m) if v.a_major == "m" else (m, n, k)
+
+
 def _errors(out, ref):
     """(norm-relative, max-relative) error; a skipped or NaN element fails outright."""
     out = out.astype(jnp.float32)
@@ -48,10 +55,19 @@ def _errors(out, ref):
     return jnp.where(finite, rel, jnp.inf), jnp.where(finite, worst, jnp.inf)
 
 
-def _dense_plan(v: variants.Variant, schedule: str, m: int, n: int, k: int):
+def dense_cases(v: variants.Variant, clusters: int, quick: bool):
+    """(label, M, N, K): the boundary tile counts, then odd sizes unless quick."""
+    cases = _boundary_shapes(v, clusters)
+    if not quick:
+        odd = [odd_shape(v, *shape) for shape in ODD_SHAPES]
+        cases += [(f"{m}x{n}x{k}", m, n, k) for m, n, k in odd]
+    return cases
+
+
+def dense_plan(v: variants.Variant, schedule: str, m: int, n: int, k: int, device=None):
     extra = {"splits": 2} if schedule == "split_k" else {}
     plan = plan_gemm(m, n, k, dtype=DTYPES[v.dtype], out_dtype=DTYPES[v.out], a_major=v.a_major,
-                     b_major=v.b_major, variant=v.name, schedule=schedule, **extra)
+                     b_major=v.b_major, device=device, variant=v.name, schedule=schedule, **extra)
     if plan.variant != v.name:
         raise RuntimeError(f"planner did not take {v.name}: {plan.reason}")
     return plan
@@ -70,20 +86,20 @@ def _check_dense(v: variants.Variant, plans, key) -> list[tuple[float, float]]:
             m, n, k = plan.m, plan.n, plan.k
             a = jax.random.normal(ka, (m, k) if v.a_major == "k" else (k, m), jnp.float32)
             b = jax.random.normal(kb, (n, k) if v.b_major == "k" else (k, n), jnp.float32)
-            a, b = a.astype(dt), b.astype(dt)
+            # the barrier keeps XLA from folding the rounding to dt out of the reference
+            a, b = lax.optimization_barrier((a.astype(dt), b.astype(dt)))
             out = gemm(a, b, a_major=v.a_major, b_major=v.b_major, out_dtype=DTYPES[v.out],
                        plan=plan)
             dims = (((1 if v.a_major == "k" else 0,), (1 if v.b_major == "k" else 0,)), ((), ()))
-            # the barrier keeps XLA from folding the input rounding into the reference
-            a32, b32 = lax.optimization_barrier((a.astype(jnp.float32), b.astype(jnp.float32)))
-            ref = lax.dot_general(a32, b32, dims, precision=lax.Precision.HIGHEST)
+            ref = lax.dot_general(a.astype(jnp.float32), b.astype(jnp.float32), dims,
+                                  precision=lax.Precision.HIGHEST)
             found.append(_errors(out, ref))
         return found
 
     return [(float(r), float(w)) for r, w in jax.device_get(errors(key))]
 
 
-def _grouped_cases(v: variants.Variant, clusters: int, quick: bool):
+def grouped_cases(v: variants.Variant, clusters: int, quick: bool):
     """(label, groups sizes, rows, K' or K, N): tile counts around the resident
     CTAs with one tile per group, then uneven groups (empty, one-row, rest unused)."""
     per_tile = v.tile_m if v.problem == "ragged_m" else 64
@@ -95,6 +111,17 @@ def _grouped_cases(v: variants.Variant, clusters: int, quick: bool):
     return cases
 
 
+def grouped_plan(v: variants.Variant, groups: int, rows: int, kdim: int, ndim: int,
+                 device=None):
+    view = (rows, ndim, kdim) if v.problem == "ragged_m" else (kdim, ndim, rows)
+    plan = plan_ragged(*view, groups, problem=v.problem, dtype=DTYPES[v.dtype],
+                       out_dtype=DTYPES[v.out], b_major=v.b_major, a_major=v.a_major,
+                       device=device, variant=v.name)
+    if plan.variant != v.name:
+        raise RuntimeError(f"planner did not take {v.name}: {plan.reason}")
+    return plan
+
+
 def _check_grouped(v: variants.Variant, sizes, rows, kdim, ndim, key) -> tuple[float, float]:
     """ragged_m: [rows, kdim] x [G, kdim, ndim]; ragged_k: [rows, kdim]^T x [rows, ndim] per group."""
     groups = len(sizes)
@@ -103,16 +130,11 @@ def _check_grouped(v: variants.Variant, sizes, rows, kdim, ndim, key) -> tuple[f
     a = jax.random.normal(ka, (rows, kdim), jnp.float32).astype(dt)
     if v.problem == "ragged_m":
         b_shape = (groups, kdim, ndim) if v.b_major == "n" else (groups, ndim, kdim)
-        view = (rows, ndim, kdim)
     else:
         b_shape = (rows, ndim)
-        view = (kdim, ndim, rows)
     b = jax.random.normal(kb, b_shape, jnp.float32).astype(dt)
     gs = jnp.asarray(sizes, jnp.int32)
-    plan = plan_ragged(*view, groups, problem=v.problem, dtype=dt, out_dtype=DTYPES[v.out],
-                       b_major=v.b_major, a_major=v.a_major, variant=v.name)
-    if plan.variant != v.name:
-        raise RuntimeError(f"planner did not take {v.name}: {plan.reason}")
+    plan = grouped_plan(v, groups, rows, kdim, ndim)
 
     @jax.jit
     def errors(a, b, gs):
@@ -130,7 +152,13 @@ def _check_grouped(v: variants.Variant, sizes, rows, kdim, ndim, key) -> tuple[f
         else:
             ref = jnp.einsum("mg,mk,mn->gkn", onehot, a32, b32, precision=hi)
         rel, worst = _errors(out, ref)
-        exact_zeros = jnp.where(ref == 0, out == 0, True).all()  # uncovered rows, empty groups
+        # rows past the groups (ragged_m) and empty groups (ragged_k) must be exact zeros;
+        # known from the groups, not from ref == 0, which random data can also give
+        if v.problem == "ragged_m":
+            must_be_zero = (onehot.sum(axis=1) == 0)[:, None]
+        else:
+            must_be_zero = (onehot.sum(axis=0) == 0)[:, None, None]
+        exact_zeros = jnp.where(must_be_zero, out == 0, True).all()
         return jnp.where(exact_zeros, rel, jnp.inf), jnp.where(exact_zeros, worst, jnp.inf)
 
     rel, worst = jax.device_get(errors(a, b, gs))
@@ -149,6 +177,7 @@ def _run(check, count: int) -> list[tuple[float, float, str]]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="boundary shapes only")
+    parser.add_argument("--only", default="", help="variants whose name contains this text")
     args = parser.parse_args(argv)
     dev = describe()
     if dev.arch is None or not _ffi.with_kernels():
@@ -156,7 +185,8 @@ def main(argv=None) -> int:
         print(f"nothing to test: {why}")
         return 2
     menu = [v for v in variants.load_menu()
-            if v.arch == dev.arch and v.name in _ffi.compiled_variant_names()]
+            if v.arch == dev.arch and v.name in _ffi.compiled_variant_names()
+            and args.only in v.name]
     print(f"{dev.name} (cc {dev.compute_capability[0]}.{dev.compute_capability[1]}, "
           f"{dev.sm_count} SMs): {len(menu)} {dev.arch} variants")
     key = jax.random.key(0)
@@ -169,17 +199,15 @@ def main(argv=None) -> int:
             failures += 1
             continue
         if v.problem == "dense":
-            cases = _boundary_shapes(v, clusters)
-            if not args.quick:
-                cases += [(f"{m}x{n}x{k}", m, n, k) for m, n, k in ODD_SHAPES]
-            rows = [(s, label, mnk) for s in v.schedules for label, *mnk in cases]
+            rows = [(s, label, mnk) for s in v.schedules
+                    for label, *mnk in dense_cases(v, clusters, args.quick)]
             key, sub = jax.random.split(key)
             results = _run(lambda: _check_dense(
-                v, [_dense_plan(v, s, *mnk) for s, _, mnk in rows], sub), len(rows))
+                v, [dense_plan(v, s, *mnk) for s, _, mnk in rows], sub), len(rows))
             rows = [(s, label, result) for (s, label, _), result in zip(rows, results)]
         else:
             rows = []
-            for label, *case in _grouped_cases(v, clusters, args.quick):
+            for label, *case in grouped_cases(v, clusters, args.quick):
                 key, sub = jax.random.split(key)
                 rows.append((v.schedules[0], label,
                              _run(lambda c=case, k=sub: [_check_grouped(v, *c, k)], 1)[0]))

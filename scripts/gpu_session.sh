@@ -41,7 +41,7 @@ for part in ${STEPS:-tests bench grid}; do
     bench) step benchmark
            "$PY" benchmarks/bench_matmul.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" ;;
     selftest) step "self-test (every compiled variant)"
-           (cd /tmp && "$PY" -m jax_cluster.selftest) 2>&1 | tee "$OUT/selftest.log" | tail -60 ;;
+           (cd /tmp && "$PY" -m jax_cluster.selftest ${SELFTEST_ARGS:-}) 2>&1 | tee "$OUT/selftest.log" | tail -60 ;;
     planner) step "planner vs exhaustive timing"
            "$PY" benchmarks/bench_planner.py --out "$OUT" 2>&1 | tee "$OUT/planner.log" | tail -25 ;;
     sched) step "schedules at boundary tile counts"

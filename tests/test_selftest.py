@@ -9,7 +9,8 @@ import pytest
 
 import jax_cluster
 from conftest import GPU
-from jax_cluster import selftest
+from jax_cluster import selftest, variants
+from jax_cluster.device import DeviceInfo
 
 
 @pytest.mark.skipif(GPU is not None, reason="a GPU is present")
@@ -24,3 +25,31 @@ def test_without_a_gpu_there_is_nothing_to_test(tmp_path):
 @pytest.mark.gpu
 def test_selftest_passes_on_the_gpu(capsys):
     assert selftest.main(["--quick"]) == 0, capsys.readouterr().out
+
+
+H200 = DeviceInfo("cuda", "described H200", (9, 0), 132, 232448, 50 << 20)
+B200 = DeviceInfo("cuda", "described B200", (10, 0), 148, 232448, 126 << 20)
+
+
+@pytest.mark.parametrize("variant", [v for v in variants.load_menu()], ids=lambda v: v.name)
+def test_every_selftest_case_is_planned_on_its_variant(variant):
+    """The self-test pins each case to one variant; a case the planner refuses
+    (say an odd leading dimension TMA cannot take) would fail on the GPU."""
+    device = H200 if variant.arch == "sm90a" else B200
+    clusters = 3  # small enough that the boundary shapes stay cheap to plan
+    if variant.problem == "dense":
+        for schedule in variant.schedules:
+            for _, m, n, k in selftest.dense_cases(variant, clusters, quick=False):
+                plan = selftest.dense_plan(variant, schedule, m, n, k, device=device)
+                assert (plan.m, plan.n, plan.k, plan.schedule) == (m, n, k, schedule)
+    else:
+        for _, sizes, rows, kdim, ndim in selftest.grouped_cases(variant, clusters, quick=False):
+            selftest.grouped_plan(variant, len(sizes), rows, kdim, ndim, device=device)
+
+
+def test_odd_shapes_stay_odd_and_aligned_for_transposed_a():
+    mn = next(v for v in variants.load_menu() if v.a_major == "m" and v.arch == "sm90a")
+    for m, n, k in selftest.ODD_SHAPES:
+        om, on, ok = selftest.odd_shape(mn, m, n, k)
+        # A's leading M aligned; K ragged against the K tile instead
+        assert om % 8 == 0 and on % 8 == 0 and ok % mn.tile_k != 0
