@@ -134,16 +134,17 @@ def test_f32_output_is_right_on_either_path():
     assert rel_error(out, _reference(lhs, rhs, sizes, "gkn")) < 1e-4
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("sizes", [[200, 0, 1, 500, 0, 200], [-3, 700, 0, 400, 9, 0]], ids=str)
 @pytest.mark.parametrize("m,k,n", [(1024, 512, 384), (512, 136, 200)])
-def test_ragged_k_on_the_kernel(m, k, n, sizes):
+def test_ragged_k_on_the_kernel(m, k, n, sizes, dtype):
     """The d_rhs product alone: out[g] = a[rows g]^T b[rows g]; groups without rows are 0."""
-    plan = _kernel_plan(k, n, m, len(sizes), problem="ragged_k")
-    a, b = randn((m, k), jnp.bfloat16), randn((m, n), jnp.bfloat16)
+    plan = _kernel_plan(k, n, m, len(sizes), problem="ragged_k", dtype=dtype)
+    a, b = randn((m, k), dtype), randn((m, n), dtype)
     f = jax.jit(lambda a, b, g: ragged(a, b, g, problem="ragged_k", plan=plan))
     out = f(a, b, jnp.asarray(sizes, jnp.int32))
-    assert out.shape == (len(sizes), k, n)
-    assert rel_error(out, _ragged_k_reference(a, b, sizes)) < tolerance(jnp.bfloat16)
+    assert out.shape == (len(sizes), k, n) and out.dtype == dtype
+    assert rel_error(out, _ragged_k_reference(a, b, sizes)) < tolerance(dtype)
     for g, (lo, hi) in enumerate(group_bounds(sizes, m)):
         if lo == hi:
             assert np.all(np.asarray(out[g], np.float32) == 0), f"group {g} has no rows"
