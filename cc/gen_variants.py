@@ -30,13 +30,14 @@ def _template(v) -> str:
         return (f"sm90::GroupedGemm<{CUTLASS_TYPES[v.dtype]}, {CUTLASS_TYPES[v.out]}, "
                 f"{A_LAYOUT[v.a_major]}, {B_LAYOUT[v.b_major]}, {v.tile_m}, {v.tile_n}, "
                 f"{v.tile_k}, {v.stages}, RaggedProblem::{problem}>")
+    epilogue = {"none": "", "bias_act": ", BiasActEpilogue"}[v.epilogue]
     if v.arch == "sm90a":
         kind = {"cooperative": "sm90::Cooperative", "cooperative_dynamic": "sm90::CooperativeDynamic",
                 "pingpong": "sm90::Pingpong"}[v.kind]
-        return f"sm90::GemmWsPersistent<{common}, {kind}>"
+        return f"sm90::GemmWsPersistent<{common}, {kind}{epilogue}>"
     cta, sched = v.kind.split("_")
     return (f"sm100::GemmTcgen05Persistent<{common}, sm100::{'TwoSm' if cta == '2sm' else 'OneSm'}, "
-            f"sm100::{'Clc' if sched == 'clc' else 'Static'}>")
+            f"sm100::{'Clc' if sched == 'clc' else 'Static'}{epilogue}>")
 
 
 def _instantiation(v) -> str:
@@ -54,7 +55,7 @@ def _table(variants) -> str:
     rows = "".join(
         f'    {{"{v.name}", "{v.arch}", "{v.dtype}", "{v.out}", \'{v.a_major}\', \'{v.b_major}\', '
         f"{v.tile_m}, {v.tile_n}, {v.tile_k}, {v.cluster_m}, {v.cluster_n}, {v.stages}, "
-        f'"{v.mma}", "{v.kind}", "{v.problem}", "{",".join(v.schedules)}", '
+        f'"{v.mma}", "{v.kind}", "{v.problem}", "{v.epilogue}", "{",".join(v.schedules)}", '
         f"&generated::ops_{v.name}}},\n"
         for v in variants)
     return ("// Generated from jax_cluster/variants.json by cc/gen_variants.py.\n"

@@ -14,6 +14,7 @@
 
 #include "dispatch/device_slots.h"
 #include "dispatch/gemm_dispatch.h"
+#include "ffi/gemm_epilogue_ffi.h"
 #include "ffi/gemm_ffi.h"
 #include "ffi/ragged_ffi.h"
 #endif
@@ -34,6 +35,8 @@ nb::list plan_fields() {
 nb::dict registrations() {
   nb::dict out;
   out["jax_cluster_gemm"] = nb::capsule(reinterpret_cast<void*>(gemm_ffi_handler()));
+  out["jax_cluster_gemm_epilogue"] =
+      nb::capsule(reinterpret_cast<void*>(gemm_epilogue_ffi_handler()));
   out["jax_cluster_ragged_dot"] = nb::capsule(reinterpret_cast<void*>(ragged_ffi_handler()));
   return out;
 }
@@ -55,6 +58,7 @@ nb::list variants() {
     row["mma"] = v.mma;
     row["kind"] = v.kind;
     row["problem"] = v.problem;
+    row["epilogue"] = v.epilogue;
     out.append(row);
   }
   return out;

@@ -7,6 +7,7 @@ import warnings
 import jax
 
 GEMM_TARGET = "jax_cluster_gemm"
+GEMM_EPILOGUE_TARGET = "jax_cluster_gemm_epilogue"
 RAGGED_TARGET = "jax_cluster_ragged_dot"
 
 try:

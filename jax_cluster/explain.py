@@ -13,8 +13,11 @@ def _decision(p) -> str:
     if not p.uses_kernel:
         return f"Use XLA's {'ragged_dot' if _ragged(p) else 'dot'}: {p.reason}."
     over = f" over the tiles of {p.groups} groups" if _ragged(p) else ""
+    fused = ", with the bias, activation and C fused into its epilogue" if (
+        p.epilogue == "bias_act") else ""
     return (f"Run {p.variant} on {p.arch}: a {p.cluster_m}x{p.cluster_n} cluster of "
-            f"{p.tile_m}x{p.tile_n}x{p.tile_k} tiles, {p.schedule} persistent schedule{over}.")
+            f"{p.tile_m}x{p.tile_n}x{p.tile_k} tiles, {p.schedule} persistent schedule{over}"
+            f"{fused}.")
 
 
 def _evidence(p) -> list[str]:
@@ -73,6 +76,10 @@ def _contract(p) -> list[str]:
                     "counter (atomicAdd) and passes it to its warps through shared memory")
     rows.append("barriers: cluster-scoped mbarriers for the multicast pipeline; leader CTA (0,0)")
     rows.append(f"stages: {p.stages}; raster {p.raster}, swizzle {p.swizzle}")
+    if p.epilogue == "bias_act":
+        rows.append("epilogue: act(alpha*acc + beta*C + bias[n]) in registers before the TMA "
+                    "store; C arrives by TMA only when beta != 0, bias is broadcast per column, "
+                    "the activation is a run-time argument")
     return rows
 
 

@@ -77,6 +77,8 @@ class Plan:
     # "ragged_m" / "ragged_k" for a grouped GEMM (plan_ragged); m, n, k are then its GEMM view
     problem: str = "dense"
     groups: int = 0
+    # "bias_act": the kernel also applies act(alpha*A·B + beta*C + bias) (jax_cluster.linear)
+    epilogue: str = "none"
 
     @property
     def uses_kernel(self) -> bool:
@@ -135,20 +137,23 @@ def why_xla(dev: DeviceInfo, dt: str, out: str, dims, a_major: str, b_major: str
 
 
 def menu_rows(arch: str, problem: str, dt: str, out: str, a_major: str, b_major: str,
-              overrides: dict, caller: str) -> tuple[list[variants.Variant], str]:
-    """The compiled rows for this problem, arch, dtypes and layouts that match the
-    overrides, or the reason there are none. Overrides that match no row raise."""
+              overrides: dict, caller: str, epilogue: str = "none"
+              ) -> tuple[list[variants.Variant], str]:
+    """The compiled rows for this problem, arch, dtypes, layouts and epilogue that
+    match the overrides, or the reason there are none. Overrides that match no row raise."""
     compiled = _ffi.compiled_variant_names()
     rows = [v for v in variants.load_menu() if v.name in compiled and v.arch == arch
-            and v.problem == problem
+            and v.problem == problem and v.epilogue == epilogue
             and (v.dtype, v.out, v.a_major, v.b_major) == (dt, out, a_major, b_major)]
     if not rows:
         kind = "" if problem == "dense" else f"{problem} "
+        kind += "" if epilogue == "none" else f"{epilogue} "
         return [], (f"no compiled {arch} {kind}variant for {dt}->{out} with A {a_major}-major "
                     f"and B {b_major}-major")
     rows = [v for v in rows if _matches(v, overrides)]
     if not rows:
         kind = "" if problem == "dense" else f"{problem} "
+        kind += "" if epilogue == "none" else f"{epilogue} "
         raise ValueError(f"{caller}: no compiled {kind}variant matches {overrides}; "
                          f"the menu is in {variants.MENU_PATH.name}")
     return rows, ""
@@ -212,12 +217,17 @@ def _score(v: variants.Variant, m, n, k, batch, clusters, schedule, swizzle):
 
 
 def plan_gemm(m: int, n: int, k: int, *, dtype, out_dtype=None, batch: int = 1,
-              a_major: str = "k", b_major: str = "n", device=None, **overrides) -> Plan:
+              a_major: str = "k", b_major: str = "n", device=None, epilogue: str = "none",
+              **overrides) -> Plan:
     """Chooses among the compiled variants for C[M,N] = A·B (see `Plan`).
 
+    `epilogue="bias_act"` plans for the fused bias/activation/C epilogue
+    (`jax_cluster.linear`) and considers only rows that compile it.
     `overrides` pins choices: variant, tile=(m,n,k), cluster=(m,n), schedule,
     splits, raster, swizzle; or path="xla" to force the fallback.
     """
+    if epilogue not in variants.EPILOGUES:
+        raise ValueError(f"plan(): epilogue must be one of {variants.EPILOGUES}, got {epilogue!r}")
     unknown = set(overrides) - set(_OVERRIDABLE) - {"path"}
     if unknown:
         raise TypeError(f"plan(): unknown override(s) {sorted(unknown)}; "
@@ -225,7 +235,7 @@ def plan_gemm(m: int, n: int, k: int, *, dtype, out_dtype=None, batch: int = 1,
     dev = describe(device)
     dt = dtype_name(dtype)
     out = dtype_name(out_dtype if out_dtype is not None else dtype)
-    if not overrides:  # autotuned choices, read only when the user turned the cache on
+    if not overrides and epilogue == "none":  # autotuned choices, only when the user turned the cache on
         from jax_cluster import tuning_cache  # here: tuning_cache imports this module
         tuned = tuning_cache.plan_from_cache(m, n, k, dtype=dtype, out_dtype=out_dtype,
                                              batch=batch, a_major=a_major, b_major=b_major,
@@ -233,7 +243,7 @@ def plan_gemm(m: int, n: int, k: int, *, dtype, out_dtype=None, batch: int = 1,
         if tuned is not None:
             return tuned
     base = dict(m=int(m), n=int(n), k=int(k), batch=int(batch), dtype=dt, out_dtype=out,
-                a_major=a_major, b_major=b_major, device=dev)
+                a_major=a_major, b_major=b_major, device=dev, epilogue=epilogue)
 
     def fallback(reason: str) -> Plan:
         return Plan(path="xla", reason=reason, **base)
@@ -242,7 +252,8 @@ def plan_gemm(m: int, n: int, k: int, *, dtype, out_dtype=None, batch: int = 1,
     if why:
         return fallback(why)
     arch = dev.arch
-    candidates, why = menu_rows(arch, "dense", dt, out, a_major, b_major, overrides, "plan()")
+    candidates, why = menu_rows(arch, "dense", dt, out, a_major, b_major, overrides, "plan()",
+                                epilogue=epilogue)
     if why:
         return fallback(why)
     base_notes = []

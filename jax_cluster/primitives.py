@@ -87,14 +87,15 @@ def _cuda_lowering(ctx, a, b, *, a_major, b_major, out_dtype, plan: Plan):
     return lower_kernel_call(ctx, _ffi.GEMM_TARGET, plan, a, b)
 
 
-def lower_kernel_call(ctx, target, plan: Plan, *operands):
-    """The FFI call of a kernel plan, for any of the package's targets."""
+def lower_kernel_call(ctx, target, plan: Plan, *operands, **attrs):
+    """The FFI call of a kernel plan, for any of the package's targets; `attrs`
+    are the target's attributes besides the plan."""
     out_aval = ctx.avals_out[0]
     # Scratch comes from XLA as a second result, so the call stays graph-safe.
     ws_aval = jax.core.ShapedArray((max(plan.workspace_bytes, 16),), np.uint8)
     lowering = jax.ffi.ffi_lowering(target)
     results = lowering(ctx.replace(avals_out=[out_aval, ws_aval]), *operands,
-                       plan=plan.ffi_attrs())
+                       plan=plan.ffi_attrs(), **attrs)
     return results[:1]
 
 

@@ -21,6 +21,7 @@ from jax import lax
 
 from jax_cluster import _ffi, variants
 from jax_cluster.device import describe
+from jax_cluster.epilogue_primitives import ACTIVATIONS, activation_fn, gemm_epilogue
 from jax_cluster.plan import plan_gemm
 from jax_cluster.primitives import gemm
 from jax_cluster.ragged_plan import plan_ragged
@@ -67,7 +68,8 @@ def dense_cases(v: variants.Variant, clusters: int, quick: bool):
 def dense_plan(v: variants.Variant, schedule: str, m: int, n: int, k: int, device=None):
     extra = {"splits": 2} if schedule == "split_k" else {}
     plan = plan_gemm(m, n, k, dtype=DTYPES[v.dtype], out_dtype=DTYPES[v.out], a_major=v.a_major,
-                     b_major=v.b_major, device=device, variant=v.name, schedule=schedule, **extra)
+                     b_major=v.b_major, device=device, epilogue=v.epilogue, variant=v.name,
+                     schedule=schedule, **extra)
     if plan.variant != v.name:
         raise RuntimeError(f"planner did not take {v.name}: {plan.reason}")
     return plan
@@ -75,24 +77,36 @@ def dense_plan(v: variants.Variant, schedule: str, m: int, n: int, k: int, devic
 
 def _check_dense(v: variants.Variant, plans, key) -> list[tuple[float, float]]:
     """Errors of every plan of one variant against XLA in float32, from one
-    executable (one compile per variant keeps the self-test short)."""
-    dt = DTYPES[v.dtype]
+    executable (one compile per variant keeps the self-test short). Fused
+    epilogue rows also get a bias, a C and each activation in turn."""
+    dt, out_dt = DTYPES[v.dtype], DTYPES[v.out]
+    activations = list(ACTIVATIONS)
 
     @jax.jit
     def errors(key):
         found = []
-        for plan, sub in zip(plans, jax.random.split(key, len(plans))):
-            ka, kb = jax.random.split(sub)
+        for i, (plan, sub) in enumerate(zip(plans, jax.random.split(key, len(plans)))):
+            ka, kb, kc = jax.random.split(sub, 3)
             m, n, k = plan.m, plan.n, plan.k
             a = jax.random.normal(ka, (m, k) if v.a_major == "k" else (k, m), jnp.float32)
             b = jax.random.normal(kb, (n, k) if v.b_major == "k" else (k, n), jnp.float32)
             # the barrier keeps XLA from folding the rounding to dt out of the reference
             a, b = lax.optimization_barrier((a.astype(dt), b.astype(dt)))
-            out = gemm(a, b, a_major=v.a_major, b_major=v.b_major, out_dtype=DTYPES[v.out],
-                       plan=plan)
             dims = (((1 if v.a_major == "k" else 0,), (1 if v.b_major == "k" else 0,)), ((), ()))
             ref = lax.dot_general(a.astype(jnp.float32), b.astype(jnp.float32), dims,
                                   precision=lax.Precision.HIGHEST)
+            if v.epilogue == "bias_act":
+                act = activations[i % len(activations)]
+                bias, c = lax.optimization_barrier(tuple(
+                    jax.random.normal(kk, shape, jnp.float32).astype(out_dt)
+                    for kk, shape in zip(jax.random.split(kc), ((n,), (m, n)))))
+                out = gemm_epilogue(a, b, bias, c, b_major=v.b_major, out_dtype=out_dt,
+                                    alpha=0.5, beta=1.0, activation=act, plan=plan)
+                ref = activation_fn(act)(0.5 * ref + c.astype(jnp.float32)
+                                         + bias.astype(jnp.float32))
+            else:
+                out = gemm(a, b, a_major=v.a_major, b_major=v.b_major, out_dtype=out_dt,
+                           plan=plan)
             found.append(_errors(out, ref))
         return found
 

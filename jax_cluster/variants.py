@@ -28,6 +28,9 @@ DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
 # per group (ragged_dot forward, d_lhs). ragged_k: the contraction split into
 # groups, D[g] per group (ragged_dot's d_rhs).
 PROBLEMS = ("dense", "ragged_m", "ragged_k")
+# none: D = A·B. bias_act: D = act(alpha*A·B + beta*C + bias[n]), the
+# activation chosen at run time (dense rows only).
+EPILOGUES = ("none", "bias_act")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +50,7 @@ class Variant:
     b_major: str
     header: str
     problem: str = "dense"
+    epilogue: str = "none"
 
     @property
     def mma(self) -> str:
@@ -68,9 +72,10 @@ class Variant:
     @property
     def name(self) -> str:
         problem = "" if self.problem == "dense" else f"{self.problem}_"
+        epilogue = "" if self.epilogue == "none" else f"_{self.epilogue}"
         return (f"{self.family}_{problem}{self.dtype}_{self.out}_{self.a_major}{self.b_major}_"
                 f"{self.tile_m}x{self.tile_n}x{self.tile_k}_c{self.cluster_m}x{self.cluster_n}_"
-                f"s{self.stages}_{self.kind}")
+                f"s{self.stages}_{self.kind}{epilogue}")
 
 
 def _check(row: dict, family: dict) -> None:
@@ -82,6 +87,10 @@ def _check(row: dict, family: dict) -> None:
         raise ValueError(f"variants.json: bad operand majors in {row}")
     if row.get("problem", "dense") not in PROBLEMS:
         raise ValueError(f"variants.json: unknown problem {row['problem']!r}")
+    if row.get("epilogue", "none") not in EPILOGUES:
+        raise ValueError(f"variants.json: unknown epilogue {row['epilogue']!r}")
+    if row.get("epilogue", "none") != "none" and row.get("problem", "dense") != "dense":
+        raise ValueError(f"variants.json: a fused epilogue needs a dense row: {row}")
     if family["arch"] not in ("sm90a", "sm100a"):
         raise ValueError(f"variants.json: unknown arch {family['arch']!r}")
 
@@ -97,7 +106,8 @@ def load_menu(path: pathlib.Path = MENU_PATH) -> tuple[Variant, ...]:
         cm, cn = row["cluster"]
         out.append(Variant(row["family"], family["arch"], row["kind"], tm, tn, tk, cm, cn,
                            row["stages"], row["dtype"], row["out"], row["a_major"],
-                           row["b_major"], family["header"], row.get("problem", "dense")))
+                           row["b_major"], family["header"], row.get("problem", "dense"),
+                           row.get("epilogue", "none")))
     names = [v.name for v in out]
     if len(set(names)) != len(names):
         raise ValueError("variants.json: two rows give the same variant")

@@ -209,3 +209,18 @@ def test_explain_places_the_problem_against_the_ridge_point(m, n, k, bound):
             2 * 16 * 14336 * 4096 / ((16 * 4096 + 4096 * 14336 + 16 * 14336) * 2))
     text = jax_cluster.plan(m, n, k, dtype=jnp.bfloat16, device=h200).explain()
     assert f"{bound}" in text and "ridge point" in text and "modelled" in text
+
+
+@needs_kernels
+@pytest.mark.parametrize("device,arch", [(H200, "sm90a"), (B200, "sm100a")])
+def test_fused_epilogue_plans_take_only_bias_act_rows(device, arch):
+    args = dict(dtype=jnp.bfloat16, device=device, b_major="n")
+    fused = jax_cluster.plan(4096, 4096, 4096, epilogue="bias_act", **args)
+    plain = jax_cluster.plan(4096, 4096, 4096, **args)
+    assert fused.path == "kernel" and fused.arch == arch and fused.variant.endswith("_bias_act")
+    assert plain.path == "kernel" and not plain.variant.endswith("_bias_act")
+    text = fused.explain()
+    assert "fused into its epilogue" in text and "act(alpha*acc + beta*C + bias[n])" in text
+    # no fused row for A stored [K,M]: the call falls back and says why
+    moved = jax_cluster.plan(4096, 4096, 4096, epilogue="bias_act", a_major="m", **args)
+    assert moved.path == "xla" and "bias_act" in moved.reason

@@ -1,6 +1,7 @@
 // The kernel-facing description of one GEMM launch: no XLA, no Python.
-// D[l] = A[l] * B[l] for l < batch, all operands packed; A is [M,K] (k_major)
-// or [K,M]; B is [N,K] (k_major) or [K,N]; D is [M,N] row-major.
+// D[l] = A[l] * B[l] for l < batch, all operands packed, then an optional
+// fused epilogue; A is [M,K] (k_major) or [K,M]; B is [N,K] (k_major) or
+// [K,N]; D is [M,N] row-major.
 #pragma once
 
 #include <cstddef>
@@ -13,6 +14,24 @@ namespace jax_cluster {
 enum class Schedule : int { kStatic = 0, kStreamK = 1, kSplitK = 2, kDynamic = 3, kClc = 4 };
 enum class Raster : int { kAlongM = 0, kAlongN = 1 };
 
+// What a fused-epilogue variant applies to each output element.
+enum class Activation : int { kNone = 0, kRelu = 1, kGelu = 2, kGeluExact = 3, kSilu = 4 };
+
+// The fused epilogue, D = act(alpha * A·B + beta * C + bias), for variants
+// whose menu row has epilogue "bias_act"; the defaults mean D = A·B. bias is
+// [N] (shared by the batch) and C is laid out like D; both have D's dtype.
+struct EpilogueArgs {
+  const void* bias = nullptr;
+  const void* c = nullptr;
+  float alpha = 1.0f, beta = 0.0f;
+  Activation activation = Activation::kNone;
+
+  bool is_identity() const {
+    return bias == nullptr && c == nullptr && alpha == 1.0f && beta == 0.0f &&
+           activation == Activation::kNone;
+  }
+};
+
 // Grouped variants read (m, n, k) as the GEMM view of the whole launch
 // (ragged_m: rows, N, K; ragged_k: K, N, rows), `batch` as the group count,
 // and take the group sizes from device memory.
@@ -22,6 +41,7 @@ struct GemmProblem {
   const void* b = nullptr;
   void* d = nullptr;
   const int32_t* group_sizes = nullptr;  // grouped variants only
+  EpilogueArgs epilogue;                  // "bias_act" variants only
 };
 
 // Runtime choices the compiled variant leaves open; all come from the Plan.

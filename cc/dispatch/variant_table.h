@@ -19,6 +19,7 @@ struct VariantEntry {
   const char* mma;
   const char* kind;
   const char* problem;    // "dense" | "ragged_m" | "ragged_k"
+  const char* epilogue;   // "none" | "bias_act" (fused bias, activation, C)
   const char* schedules;  // comma-separated schedules this kind can run
   const VariantOps& (*ops)();
 };

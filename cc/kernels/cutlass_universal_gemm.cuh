@@ -19,8 +19,27 @@
 #include <cutlass/util/packed_stride.hpp>
 
 #include "common/gemm_problem.h"
+#include "kernels/epilogue_activation.cuh"
 
 namespace jax_cluster {
+
+// What a variant computes after the mainloop (its menu row's "epilogue").
+struct PlainEpilogue {  // D = A·B; no C operand
+  static constexpr bool kFused = false;
+  template <class ElementD>
+  using ElementC = void;
+  template <class ElementD>
+  using FusionOp = cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>;
+};
+
+struct BiasActEpilogue {  // D = act(alpha * A·B + beta * C + bias[n])
+  static constexpr bool kFused = true;
+  template <class ElementD>
+  using ElementC = ElementD;
+  template <class ElementD>
+  using FusionOp = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<
+      RuntimeActivation, ElementD, float, ElementD, ElementD, float>;
+};
 
 // Clusters of this kernel that fit on the device at once, counting the
 // dynamic shared memory it really uses; 0 if the query fails.
@@ -69,7 +88,7 @@ const char* initialize_and_run(typename Gemm::Arguments const& args, void* works
 
 template <class Arch, class ElementAB, class ElementD, class LayoutA, class LayoutB,
           class TileShape, class ClusterShape, int Stages, class MainloopSchedule,
-          class EpilogueSchedule, class TileScheduler>
+          class EpilogueSchedule, class TileScheduler, class Epilogue = PlainEpilogue>
 struct CutlassUniversalGemm {
   static constexpr int kAlignAB = 16 / sizeof(ElementAB);
   static constexpr int kAlignD = 16 / sizeof(ElementD);
@@ -77,8 +96,9 @@ struct CutlassUniversalGemm {
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       Arch, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
-      void, cutlass::layout::RowMajor, kAlignD,  // no C operand: beta = 0
-      ElementD, cutlass::layout::RowMajor, kAlignD, EpilogueSchedule>::CollectiveOp;
+      typename Epilogue::template ElementC<ElementD>, cutlass::layout::RowMajor, kAlignD,
+      ElementD, cutlass::layout::RowMajor, kAlignD, EpilogueSchedule,
+      typename Epilogue::template FusionOp<ElementD>>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       Arch, cutlass::arch::OpClassTensorOp,
@@ -106,8 +126,15 @@ struct CutlassUniversalGemm {
         {p.m, p.n, p.k, p.batch},
         {static_cast<const ElementAB*>(p.a), sa, static_cast<const ElementAB*>(p.b), sb},
         {{}, nullptr, sd, static_cast<ElementD*>(p.d), sd}};
-    args.epilogue.thread.alpha = 1.0f;
-    args.epilogue.thread.beta = 0.0f;
+    const EpilogueArgs& e = p.epilogue;
+    args.epilogue.thread.alpha = e.alpha;
+    args.epilogue.thread.beta = e.beta;
+    if constexpr (Epilogue::kFused) {
+      // Without C, D stands in: beta is 0 then, and CUTLASS skips C's loads.
+      args.epilogue.ptr_C = static_cast<const ElementD*>(e.c != nullptr ? e.c : p.d);
+      args.epilogue.thread.bias_ptr = static_cast<const ElementD*>(e.bias);
+      args.epilogue.thread.activation.activation = e.activation;
+    }
     args.hw_info.device_id = s.device_id;
     args.hw_info.sm_count = s.sm_count;
     args.hw_info.max_active_clusters = s.max_active_clusters;
@@ -136,6 +163,9 @@ struct CutlassUniversalGemm {
     // stream-K scheduler reads it at run time.
     if (!kHasStreamK && (c.schedule == Schedule::kStreamK || c.schedule == Schedule::kSplitK))
       return "this variant has one built-in schedule (static, dynamic or clc)";
+    if (!Epilogue::kFused && !p.epilogue.is_identity())
+      return "this variant has no fused epilogue (bias, activation, C)";
+    if (p.epilogue.beta != 0.0f && p.epilogue.c == nullptr) return "beta is not 0 but C is missing";
     auto args = arguments(p, c, s);
     if (Gemm::get_workspace_size(args) > workspace_bytes)
       return "workspace buffer is smaller than the variant needs";

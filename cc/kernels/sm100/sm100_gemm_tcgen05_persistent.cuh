@@ -2,7 +2,8 @@
 // collectives. Compiled and SASS-checked here; never run (no Blackwell).
 //
 // Contract: as the sm90 family (A [M,K]/[K,M], B [N,K]/[K,N], D [M,N]
-//   row-major, packed, 16-byte leading dimensions, fp32 accumulation, beta = 0).
+//   row-major, packed, 16-byte leading dimensions, fp32 accumulation, and
+//   the fused bias/activation/C epilogue on "bias_act" rows).
 // Sharing: 2-SM variants issue cta_group::2 UMMA over a CTA pair and load
 //   operands with 2-SM TMA multicast; 1-SM variants keep each MMA in one CTA.
 // Scheduling: Clc uses CUTLASS's Cluster Launch Control scheduler (the
@@ -29,11 +30,12 @@ struct Static {
 };
 
 template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int MmaM, int MmaN,
-          int MmaK, int ClusterM, int ClusterN, int Stages, class Cta, class Sched>
+          int MmaK, int ClusterM, int ClusterN, int Stages, class Cta, class Sched,
+          class Epilogue = PlainEpilogue>
 using GemmTcgen05Persistent = CutlassUniversalGemm<
     cutlass::arch::Sm100, ElementAB, ElementD, LayoutA, LayoutB,
     cute::Shape<cute::Int<MmaM>, cute::Int<MmaN>, cute::Int<MmaK>>,
     cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>, Stages,
-    typename Cta::Mainloop, typename Cta::Epilogue, typename Sched::Scheduler>;
+    typename Cta::Mainloop, typename Cta::Epilogue, typename Sched::Scheduler, Epilogue>;
 
 }  // namespace jax_cluster::sm100

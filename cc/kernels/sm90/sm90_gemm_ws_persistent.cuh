@@ -4,7 +4,8 @@
 // Contract
 //   A: [M,K] (RowMajor, K-major) or [K,M] (ColumnMajor, M-major), packed.
 //   B: [N,K] (ColumnMajor, K-major) or [K,N] (RowMajor, N-major), packed.
-//   D: [M,N] row-major; fp32 accumulation; no source operand (beta = 0).
+//   D: [M,N] row-major; fp32 accumulation. Plain rows have no C operand;
+//   "bias_act" rows compute D = act(alpha*A·B + beta*C + bias[n]) in the epilogue.
 //   Leading dimensions are 16-byte multiples (TMA): the planner guarantees
 //   it, the FFI handler and can_implement re-check it.
 // Sharing: a (CM x CN) cluster multicasts B tiles to the CTAs along M and A
@@ -40,11 +41,12 @@ struct Pingpong {
 };
 
 template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
-          int TileK, int ClusterM, int ClusterN, int Stages, class Kind>
+          int TileK, int ClusterM, int ClusterN, int Stages, class Kind,
+          class Epilogue = PlainEpilogue>
 using GemmWsPersistent = CutlassUniversalGemm<
     cutlass::arch::Sm90, ElementAB, ElementD, LayoutA, LayoutB,
     cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>,
     cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>, Stages,
-    typename Kind::Mainloop, typename Kind::Epilogue, typename Kind::Scheduler>;
+    typename Kind::Mainloop, typename Kind::Epilogue, typename Kind::Scheduler, Epilogue>;
 
 }  // namespace jax_cluster::sm90

@@ -1,0 +1,99 @@
+// Decodes one "jax_cluster_gemm_epilogue" call: A and B as for
+// "jax_cluster_gemm", then bias ([N], or empty for none) and C (D's shape, or
+// empty for none), all in D's dtype, and the scalars alpha, beta and the
+// activation. Everything is checked before anything is launched.
+#include "ffi/gemm_epilogue_ffi.h"
+
+#include <cstdint>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include "ffi/buffer_checks.h"
+#include "ffi/dense_call.h"
+#include "ffi/launch.h"
+#include "ffi/plan_attr.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jax_cluster {
+namespace {
+
+constexpr const char* kTarget = "jax_cluster_gemm_epilogue";
+
+ffi::Error invalid(const std::string& msg) {
+  return ffi::Error::InvalidArgument(std::string(kTarget) + ": " + msg);
+}
+
+// "" when bias and C fit D; fills the epilogue of `p`.
+std::string epilogue_from_buffers(const ffi::AnyBuffer& bias, const ffi::AnyBuffer& c,
+                                  const ffi::AnyBuffer& d, float alpha, float beta,
+                                  int32_t activation, GemmProblem* p) {
+  if (activation < static_cast<int32_t>(Activation::kNone) ||
+      activation > static_cast<int32_t>(Activation::kSilu))
+    return "activation must be 0 (none), 1 (relu), 2 (gelu), 3 (gelu_exact) or 4 (silu), got " +
+           std::to_string(activation);
+  EpilogueArgs& e = p->epilogue;
+  e.alpha = alpha;
+  e.beta = beta;
+  e.activation = static_cast<Activation>(activation);
+  if (bias.element_count() > 0) {
+    auto dims = bias.dimensions();
+    if (dims.size() != 1 || dims[0] != p->n)
+      return "bias must be [N] = [" + std::to_string(p->n) + "]";
+    if (bias.element_type() != d.element_type()) return "bias must have the output's dtype";
+    if (!aligned16(bias.untyped_data())) return "bias must be 16-byte aligned";
+    e.bias = bias.untyped_data();
+  }
+  if (c.element_count() > 0) {
+    auto dc = c.dimensions(), dd = d.dimensions();
+    if (dc.size() != dd.size()) return "C must have the result's shape";
+    for (size_t i = 0; i < dc.size(); ++i)
+      if (dc[i] != dd[i]) return "C must have the result's shape";
+    if (c.element_type() != d.element_type()) return "C must have the output's dtype";
+    if (!aligned16(c.untyped_data())) return "C must be 16-byte aligned";
+    e.c = c.untyped_data();
+  }
+  if (beta != 0.0f && e.c == nullptr) return "beta is not 0 but C is missing";
+  return "";
+}
+
+ffi::Error gemm_epilogue_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                              ffi::AnyBuffer bias, ffi::AnyBuffer c,
+                              ffi::Result<ffi::AnyBuffer> d, ffi::Result<ffi::AnyBuffer> workspace,
+                              Plan plan, float alpha, float beta, int32_t activation) {
+  Dispatch dispatch;
+  GemmProblem problem;
+  if (std::string err = decode_dense_call(plan, "bias_act", a, b, *d, &dispatch, &problem);
+      !err.empty())
+    return invalid(err);
+  if (std::string err = epilogue_from_buffers(bias, c, *d, alpha, beta, activation, &problem);
+      !err.empty())
+    return invalid(err);
+  if (problem.m == 0 || problem.n == 0 || problem.batch == 0) return ffi::Error::Success();
+  // act(bias + beta*C) is not a memset: the planner sends K = 0 to XLA.
+  if (problem.k == 0) return invalid("K = 0 has no kernel plan; it runs on XLA");
+  return launch_variant(kTarget, plan, dispatch, problem, *d, *workspace, stream);
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmEpilogueFfi, gemm_epilogue_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<Plan>("plan")
+                                  .Attr<float>("alpha")
+                                  .Attr<float>("beta")
+                                  .Attr<int32_t>("activation"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_Handler* gemm_epilogue_ffi_handler() { return GemmEpilogueFfi; }
+
+}  // namespace jax_cluster

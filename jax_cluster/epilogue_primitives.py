@@ -1,0 +1,150 @@
+"""gemm_epilogue_p: D = act(alpha * A·B + beta * C + bias[n]) in one kernel.
+
+A is [M,K]; B is [K,N] ("n") or [N,K] ("k"), read in place; bias is [N] and
+C is [M,N], both in D's dtype, and either may be absent (a zero-size
+placeholder, which is what the FFI handler reads as "none"). The activation
+is picked at run time by the kernel ("bias_act" menu rows), so every
+activation shares one compiled variant. Autodiff lives one level up
+(`jax_cluster.linear`), which saves the pre-activation for the backward pass.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+
+from jax_cluster import _ffi
+from jax_cluster.plan import Plan, dtype_name, plan_gemm
+from jax_cluster.primitives import check_dtypes, lower_kernel_call
+
+# The kernel's codes (cc/common/gemm_problem.h, Activation) and XLA's twins.
+ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2, "gelu_exact": 3, "silu": 4}
+_XLA_ACTIVATIONS = {
+    "none": lambda x: x,
+    "relu": jax.nn.relu,
+    "gelu": functools.partial(jax.nn.gelu, approximate=True),
+    "gelu_exact": functools.partial(jax.nn.gelu, approximate=False),
+    "silu": jax.nn.silu,
+}
+
+gemm_epilogue_p = Primitive("jax_cluster_gemm_epilogue")
+
+
+def activation_fn(name: str):
+    """The activation as jnp code: the fallback's, and the one autodiff differentiates."""
+    if name not in _XLA_ACTIVATIONS:
+        raise ValueError(f"jax_cluster: unknown activation {name!r}; choose from "
+                         f"{sorted(_XLA_ACTIVATIONS)}")
+    return _XLA_ACTIVATIONS[name]
+
+
+def _check(a, b, bias, c, *, b_major, out_dtype):
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"jax_cluster linear: A and B must be rank 2, got {a.shape} and {b.shape}")
+    check_dtypes("jax_cluster linear", out_dtype, A=a, B=b)
+    m, k = a.shape
+    n, kb = (b.shape[1], b.shape[0]) if b_major == "n" else b.shape
+    if k != kb:
+        raise ValueError(f"jax_cluster linear: contracting dimensions differ: A {a.shape}, "
+                         f"B {b.shape} ({b_major}-major)")
+    for name, x, shape in (("bias", bias, (n,)), ("C", c, (m, n))):
+        if x.size and (x.shape != shape or x.dtype != np.dtype(out_dtype)):
+            raise ValueError(f"jax_cluster linear: {name} must be {np.dtype(out_dtype)}{list(shape)}"
+                             f", got {x.dtype}{list(x.shape)}")
+    return m, n
+
+
+def _abstract_eval(a, b, bias, c, *, b_major, out_dtype, alpha, beta, activation, plan):
+    return jax.core.ShapedArray(_check(a, b, bias, c, b_major=b_major, out_dtype=out_dtype),
+                                out_dtype)
+
+
+def _xla_epilogue(a, b, bias, c, *, b_major, out_dtype, alpha, beta, activation, plan):
+    """The portable path: the same formula on XLA's dot, in float32."""
+    contract_b = 0 if b_major == "n" else 1
+    z = alpha * lax.dot_general(a, b, (((1,), (contract_b,)), ((), ())),
+                                preferred_element_type=jnp.float32)
+    if c.size:
+        z = z + beta * c.astype(jnp.float32)
+    if bias.size:
+        z = z + bias.astype(jnp.float32)
+    return activation_fn(activation)(z).astype(out_dtype)
+
+
+def _cuda_lowering(ctx, a, b, bias, c, *, b_major, out_dtype, alpha, beta, activation,
+                   plan: Plan):
+    if not (plan.uses_kernel and _ffi.register_targets()):
+        return mlir.lower_fun(functools.partial(
+            _xla_epilogue, b_major=b_major, out_dtype=out_dtype, alpha=alpha, beta=beta,
+            activation=activation, plan=plan), multiple_results=False)(ctx, a, b, bias, c)
+    return lower_kernel_call(ctx, _ffi.GEMM_EPILOGUE_TARGET, plan, a, b, bias, c,
+                             alpha=np.float32(alpha), beta=np.float32(beta),
+                             activation=np.int32(ACTIVATIONS[activation]))
+
+
+gemm_epilogue_p.def_impl(functools.partial(
+    jax.jit, static_argnames=("b_major", "out_dtype", "alpha", "beta", "activation", "plan"))(
+    lambda a, b, bias, c, **params: gemm_epilogue_p.bind(a, b, bias, c, **params)))
+gemm_epilogue_p.def_abstract_eval(_abstract_eval)
+mlir.register_lowering(gemm_epilogue_p, mlir.lower_fun(_xla_epilogue, multiple_results=False))
+mlir.register_lowering(gemm_epilogue_p, _cuda_lowering, platform="cuda")
+
+
+def gemm_epilogue(a, b, bias=None, c=None, *, b_major="n", out_dtype=None, alpha=1.0,
+                  beta=0.0, activation="none", plan: Plan | None = None, device=None):
+    """Binds gemm_epilogue_p, planning the call if no plan is given."""
+    out_dtype = np.dtype(out_dtype if out_dtype is not None else a.dtype)
+    activation_fn(activation)  # a clear error for an unknown name, at trace time
+    if c is None and beta != 0:
+        raise ValueError("jax_cluster linear: beta is not 0 but there is no residual")
+    empty = jnp.zeros((0,), out_dtype)
+    bias = empty if bias is None else bias
+    c = empty if c is None else c
+    m, n = _check(a, b, bias, c, b_major=b_major, out_dtype=out_dtype)
+    k = a.shape[1]
+    if plan is None:
+        plan = plan_gemm(m, n, k, dtype=a.dtype, out_dtype=out_dtype, a_major="k",
+                         b_major=b_major, device=device, epilogue="bias_act")
+    elif (plan.m, plan.n, plan.k, plan.b_major, plan.dtype, plan.out_dtype, plan.epilogue) != (
+            m, n, k, b_major, dtype_name(a.dtype), dtype_name(out_dtype), "bias_act"):
+        raise ValueError(f"jax_cluster linear: the plan was made for M={plan.m} N={plan.n} "
+                         f"K={plan.k} B {plan.b_major}-major {plan.dtype}->{plan.out_dtype} "
+                         f"epilogue {plan.epilogue!r}, but this call is M={m} N={n} K={k} "
+                         f"B {b_major}-major with a fused epilogue ('bias_act')")
+    return gemm_epilogue_p.bind(a, b, bias, c, b_major=b_major, out_dtype=out_dtype,
+                                alpha=float(alpha), beta=float(beta), activation=activation,
+                                plan=plan)
+
+
+def _batch_rule(args, dims, *, b_major, out_dtype, alpha, beta, activation, plan):
+    """A vmapped A (and C) with shared B and bias folds into M; anything else loops."""
+    a, b, bias, c = args
+    da, db, dbias, dc = dims
+    dev = plan.device
+    if db is None and dbias is None and da is not None and (dc is None) == (c.size == 0):
+        a = jnp.moveaxis(a, da, 0)
+        v, m, k = a.shape
+        c2 = jnp.moveaxis(c, dc, 0).reshape(v * m, -1) if c.size else None
+        out = gemm_epilogue(a.reshape(v * m, k), b, bias if bias.size else None, c2,
+                            b_major=b_major, out_dtype=out_dtype, alpha=alpha, beta=beta,
+                            activation=activation, device=dev)
+        return out.reshape(v, m, -1), 0
+    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+    present = [x.size > 0 for x in args]  # bias and C may be absent (empty)
+    stacked = [batching.bdim_at_front(x, d, size) for x, d, p in zip(args, dims, present) if p]
+
+    def one(xs):
+        it = iter(xs)
+        a, b, bias, c = (next(it) if p else None for p in present)
+        return gemm_epilogue(a, b, bias, c, b_major=b_major, out_dtype=out_dtype, alpha=alpha,
+                             beta=beta, activation=activation, device=dev)
+
+    return lax.map(one, stacked), 0
+
+
+batching.primitive_batchers[gemm_epilogue_p] = _batch_rule

@@ -1,0 +1,101 @@
+"""`jax_cluster.linear`: a dense layer's forward pass in one kernel.
+
+y = act(alpha * x @ kernel + beta * residual + bias), with the bias, the
+activation and the residual add applied in the GEMM's epilogue on sm90a and
+sm100a ("bias_act" menu rows), and on XLA elsewhere. Under differentiation
+the forward kernel writes the pre-activation z instead (same kernel, no
+activation), the activation runs on XLA, and the backward pass is two
+jax_cluster GEMMs plus XLA's elementwise work on z.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_cluster.epilogue_primitives import ACTIVATIONS, activation_fn, gemm_epilogue
+from jax_cluster.primitives import gemm
+
+
+def linear(x, kernel, bias=None, *, activation: str = "none", residual=None, alpha: float = 1.0,
+           beta: float | None = None, kernel_layout: str = "kn", out_dtype=None):
+    """act(alpha * x @ kernel + beta * residual + bias) on one fused kernel.
+
+    x is [..., K]; kernel is [K, N] (`kernel_layout="kn"`, Flax's layout) or
+    [N, K] ("nk"), read in place; bias is [N]; residual has the output's shape.
+    The residual is added before the activation, so the usual blocks fuse
+    whole: act(x @ W1 + b1) and then h @ W2 + b2 + x. `beta` defaults to 1
+    with a residual and 0 without. activation: "none", "relu", "gelu" (tanh
+    form, jax.nn.gelu's default), "gelu_exact" or "silu". The output dtype is
+    `out_dtype` or x's; bias and residual are cast to it.
+    """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"jax_cluster.linear: unknown activation {activation!r}; choose from "
+                         f"{sorted(ACTIVATIONS)}")
+    if kernel_layout not in ("kn", "nk"):
+        raise ValueError(f"jax_cluster.linear: kernel_layout must be 'kn' or 'nk', "
+                         f"got {kernel_layout!r}")
+    x, kernel = jnp.asarray(x), jnp.asarray(kernel)
+    if kernel.ndim != 2 or x.ndim < 1:
+        raise ValueError(f"jax_cluster.linear: kernel must be rank 2 and x rank >= 1, got "
+                         f"{x.shape} and {kernel.shape}")
+    k, n = kernel.shape if kernel_layout == "kn" else kernel.shape[::-1]
+    if x.shape[-1] != k:
+        raise ValueError(f"jax_cluster.linear: x {x.shape} has K={x.shape[-1]}, kernel "
+                         f"{kernel.shape} ({kernel_layout}) has K={k}")
+    dtype = jnp.result_type(x, kernel)
+    out_dtype = np.dtype(out_dtype if out_dtype is not None else dtype)
+    lead = x.shape[:-1]
+    x2 = x.astype(dtype).reshape(-1, k)
+    if bias is not None:
+        bias = jnp.asarray(bias)
+        if bias.shape != (n,):
+            raise ValueError(f"jax_cluster.linear: bias must be [{n}], got {bias.shape}")
+        bias = bias.astype(out_dtype)
+    if residual is not None:
+        residual = jnp.asarray(residual)
+        if residual.shape != (*lead, n):
+            raise ValueError(f"jax_cluster.linear: residual must be {[*lead, n]}, "
+                             f"got {list(residual.shape)}")
+        residual = residual.astype(out_dtype).reshape(-1, n)
+    beta = float(beta if beta is not None else (1.0 if residual is not None else 0.0))
+    config = (activation, float(alpha), beta, "n" if kernel_layout == "kn" else "k", out_dtype)
+    y = _linear(config, x2, kernel.astype(dtype), bias, residual)
+    return y.reshape(*lead, n)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _linear(config, x, kernel, bias, residual):
+    activation, alpha, beta, b_major, out_dtype = config
+    return gemm_epilogue(x, kernel, bias, residual, b_major=b_major, out_dtype=out_dtype,
+                         alpha=alpha, beta=beta, activation=activation)
+
+
+def _linear_fwd(config, x, kernel, bias, residual):
+    activation, alpha, beta, b_major, out_dtype = config
+    z = gemm_epilogue(x, kernel, bias, residual, b_major=b_major, out_dtype=out_dtype,
+                      alpha=alpha, beta=beta, activation="none")
+    y = activation_fn(activation)(z.astype(jnp.float32)).astype(out_dtype)
+    return y, (x, kernel, z, bias is not None, residual is not None)
+
+
+def _linear_bwd(config, saved, dy):
+    activation, alpha, beta, b_major, _ = config
+    x, kernel, z, has_bias, has_residual = saved
+    _, act_vjp = jax.vjp(activation_fn(activation), z.astype(jnp.float32))
+    (dz,) = act_vjp(dy.astype(jnp.float32))          # d/dz of act, on XLA
+    dz_in = (alpha * dz).astype(x.dtype)              # the GEMMs take one input dtype
+    flip = {"n": "k", "k": "n"}[b_major]
+    dx = gemm(dz_in, kernel, a_major="k", b_major=flip, out_dtype=x.dtype)    # dz · Wᵀ
+    if b_major == "n":   # kernel [K,N]: dW = xᵀ · dz
+        dkernel = gemm(x, dz_in, a_major="m", b_major="n", out_dtype=kernel.dtype)
+    else:                # kernel [N,K]: dW = dzᵀ · x
+        dkernel = gemm(dz_in, x, a_major="m", b_major="n", out_dtype=kernel.dtype)
+    dbias = dz.sum(axis=0).astype(z.dtype) if has_bias else None
+    dresidual = (beta * dz).astype(z.dtype) if has_residual else None
+    return dx, dkernel, dbias, dresidual
+
+
+_linear.defvjp(_linear_fwd, _linear_bwd)

@@ -1,0 +1,62 @@
+"""jax_cluster.linear's CUDA lowering, checked without a GPU: the fused
+kernel carries the epilogue's scalars, and the gradient uses plain GEMMs."""
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import export
+
+import jax_cluster
+from jax_cluster import _ffi, variants
+from jax_cluster.device import DeviceInfo
+
+H200 = DeviceInfo("cuda", "described H200", (9, 0), 132, 232448, 50 << 20)
+FUSED = [v.name for v in variants.load_menu() if v.epilogue == "bias_act" and v.arch == "sm90a"]
+pytestmark = pytest.mark.skipif(
+    not _ffi.with_kernels() or not set(FUSED) & _ffi.compiled_variant_names(),
+    reason="built without the fused-epilogue kernels")
+DISABLED = [export.DisabledSafetyCheck.custom_call(t)
+            for t in (_ffi.GEMM_TARGET, _ffi.GEMM_EPILOGUE_TARGET)]
+
+
+def export_text(f, *specs):
+    return export.export(jax.jit(f), platforms=("cuda",), disabled_checks=DISABLED)(
+        *specs).mlir_module()
+
+
+def spec(shape, dtype=jnp.bfloat16):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+@pytest.fixture(autouse=True)
+def described_h200(monkeypatch):
+    """Plans made inside the traced function see an H200, not this CPU."""
+    from jax_cluster import device
+    monkeypatch.setattr(device, "_describe_present", lambda _: H200)
+
+
+def test_forward_is_one_fused_call_with_its_scalars():
+    text = export_text(lambda x, w, b, r: jax_cluster.linear(x, w, b, residual=r, alpha=0.5,
+                                                             activation="gelu"),
+                       spec((512, 256)), spec((256, 384)), spec((384,)), spec((512, 384)))
+    assert text.count(f"stablehlo.custom_call @{_ffi.GEMM_EPILOGUE_TARGET}") == 1
+    assert re.search(r"activation = 2 : i32", text) and re.search(r"alpha = 5.0+e-01 : f32", text)
+    assert re.search(r"beta = 1.0+e\+00 : f32", text)
+    assert "_bias_act" in text
+    assert "stablehlo.dot_general" not in text and "tanh" not in text
+
+
+def test_gradient_runs_the_pre_activation_kernel_and_plain_gemms():
+    f = jax.grad(lambda x, w, b: jax_cluster.linear(x, w, b, activation="silu").astype(
+        jnp.float32).sum(), argnums=(0, 1, 2))
+    text = export_text(f, spec((512, 256)), spec((256, 384)), spec((384,)))
+    assert f"@{_ffi.GEMM_EPILOGUE_TARGET}" in text and "activation = 0 : i32" in text
+    assert text.count(f"@{_ffi.GEMM_TARGET}(") >= 2  # dx and dW
+    assert "stablehlo.dot_general" not in text
+
+
+def test_f32_inputs_fall_back_to_xla():
+    text = export_text(lambda x, w: jax_cluster.linear(x, w, activation="relu"),
+                       spec((64, 64), jnp.float32), spec((64, 64), jnp.float32))
+    assert _ffi.GEMM_EPILOGUE_TARGET not in text and "stablehlo.dot_general" in text
