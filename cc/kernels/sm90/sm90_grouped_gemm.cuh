@@ -25,6 +25,7 @@
 #include "common/gemm_problem.h"
 #include "kernels/cutlass_universal_gemm.cuh"
 #include "kernels/ragged_groups.cuh"
+#include "kernels/ragged_workspace.cuh"
 #include "kernels/sm90/sm90_dynamic_group_scheduler.cuh"
 
 namespace jax_cluster::sm90 {
@@ -62,27 +63,7 @@ struct GroupedGemm {
   using StrideD = typename Kernel::InternalStrideD;
   using Arrays = RaggedGroupArrays<Shape, ElementAB, ElementAB, ElementD, StrideA, StrideB, StrideD>;
 
-  // Byte offsets of each per-group array in the workspace, 128-byte aligned.
-  struct Layout {
-    size_t shapes, a, b, d, stride_a, stride_b, stride_d, covered, cutlass, total;
-  };
-  static Layout layout(int groups, size_t cutlass_bytes) {
-    auto round = [](size_t x) { return (x + 127) / 128 * 128; };
-    Layout l{};
-    size_t at = 0;
-    auto take = [&](size_t bytes) { size_t here = at; at += round(bytes); return here; };
-    l.shapes = take(groups * sizeof(Shape));
-    l.a = take(groups * sizeof(void*));
-    l.b = take(groups * sizeof(void*));
-    l.d = take(groups * sizeof(void*));
-    l.stride_a = take(groups * sizeof(StrideA));
-    l.stride_b = take(groups * sizeof(StrideB));
-    l.stride_d = take(groups * sizeof(StrideD));
-    l.covered = take(sizeof(int64_t));
-    l.cutlass = take(cutlass_bytes);
-    l.total = at;
-    return l;
-  }
+  using Workspace = RaggedWorkspace<Arrays, Problem>;
 
   static typename Gemm::Arguments arguments(const GemmProblem& p, const DeviceSlots& s,
                                             const Arrays& arrays) {
@@ -108,39 +89,20 @@ struct GroupedGemm {
   }
 
   static size_t workspace_size(const GemmProblem& p, const LaunchChoices&, const DeviceSlots& s) {
-    return layout(p.batch, cutlass_workspace(p, s)).total;
+    return Workspace::layout(p.batch, cutlass_workspace(p, s), false).total;
   }
 
   static const char* run(const GemmProblem& p, const LaunchChoices& c, const DeviceSlots& s,
                          void* workspace, size_t workspace_bytes, cudaStream_t stream) {
     if (p.group_sizes == nullptr || p.batch < 1) return "a grouped variant needs group sizes";
     if (c.schedule != Schedule::kDynamic) return "grouped variants run the dynamic schedule only";
-    size_t cutlass_bytes = cutlass_workspace(p, s);
-    Layout l = layout(p.batch, cutlass_bytes);
+    auto l = Workspace::layout(p.batch, cutlass_workspace(p, s), false);
     if (l.total > workspace_bytes) return "workspace buffer is smaller than the variant needs";
-    auto* w = static_cast<char*>(workspace);
-    Arrays arrays{reinterpret_cast<Shape*>(w + l.shapes),
-                  reinterpret_cast<const ElementAB**>(w + l.a),
-                  reinterpret_cast<const ElementAB**>(w + l.b),
-                  reinterpret_cast<ElementD**>(w + l.d),
-                  reinterpret_cast<StrideA*>(w + l.stride_a),
-                  reinterpret_cast<StrideB*>(w + l.stride_b),
-                  reinterpret_cast<StrideD*>(w + l.stride_d),
-                  reinterpret_cast<int64_t*>(w + l.covered)};
-    // Row counts: ragged_m splits M (GEMM m); ragged_k splits the contraction (GEMM k).
-    int64_t rows = Problem == RaggedProblem::kRaggedM ? p.m : p.k;
-    auto stride_a = cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(p.m, p.k, 1));
-    auto stride_b = cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(p.n, p.k, 1));
-    auto stride_d = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(p.m, p.n, 1));
-    build_ragged_groups<Problem><<<1, kRaggedPrepThreads, 0, stream>>>(
-        p.group_sizes, p.batch, rows, p.m, p.n, p.k, p.a, p.b, p.d, arrays, stride_a, stride_b,
-        stride_d);
-    int64_t row_bytes = int64_t(p.n) * sizeof(ElementD);
-    zero_uncovered_output<Problem><<<2 * s.sm_count, 256, 0, stream>>>(
-        arrays.shapes, arrays.covered_rows, p.batch, rows, row_bytes, int64_t(p.m) * row_bytes, p.d);
-    if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cudaGetErrorString(err);
+    Arrays arrays = Workspace::arrays(workspace, l, false);
+    if (const char* err = Workspace::prepare(p, arrays, 2 * s.sm_count, stream)) return err;
 
-    return initialize_and_run<Gemm>(arguments(p, s, arrays), w + l.cutlass, stream);
+    return initialize_and_run<Gemm>(arguments(p, s, arrays), static_cast<char*>(workspace) + l.cutlass,
+                                     stream);
   }
 
   static int max_active_clusters(int device_id) {
