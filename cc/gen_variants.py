@@ -25,9 +25,10 @@ def _template(v) -> str:
     common = (f"{CUTLASS_TYPES[v.dtype]}, {CUTLASS_TYPES[v.out]}, {A_LAYOUT[v.a_major]}, "
               f"{B_LAYOUT[v.b_major]}, {v.tile_m}, {v.tile_n}, {v.tile_k}, "
               f"{v.cluster_m}, {v.cluster_n}, {v.stages}")
-    if v.family == "sm90_grouped_gemm":
+    if v.family in ("sm90_grouped_gemm", "sm100_grouped_gemm"):  # before the kind split below
+        arch_ns = v.family.split("_")[0]
         problem = {"ragged_m": "kRaggedM", "ragged_k": "kRaggedK"}[v.problem]
-        return (f"sm90::GroupedGemm<{CUTLASS_TYPES[v.dtype]}, {CUTLASS_TYPES[v.out]}, "
+        return (f"{arch_ns}::GroupedGemm<{CUTLASS_TYPES[v.dtype]}, {CUTLASS_TYPES[v.out]}, "
                 f"{A_LAYOUT[v.a_major]}, {B_LAYOUT[v.b_major]}, {v.tile_m}, {v.tile_n}, "
                 f"{v.tile_k}, {v.stages}, RaggedProblem::{problem}>")
     epilogue = {"none": "", "bias_act": ", BiasActEpilogue"}[v.epilogue]

@@ -74,6 +74,11 @@ def _contract(p) -> list[str]:
     elif p.schedule == "dynamic":
         rows.append("work queue: each CTA's scheduler warp takes the next tile from a global "
                     "counter (atomicAdd) and passes it to its warps through shared memory")
+    elif p.schedule == "clc" and _ragged(p):
+        rows.append("Cluster Launch Control: one cluster is launched per tile of an upper bound "
+                    "on the tile count; a cluster that finishes cancels one not yet launched "
+                    "and maps its id to (group, m, n) through tile_start, the device-side scan "
+                    "of tiles per group; ids past the last tile end the cluster")
     rows.append("barriers: cluster-scoped mbarriers for the multicast pipeline; leader CTA (0,0)")
     rows.append(f"stages: {p.stages}; raster {p.raster}, swizzle {p.swizzle}")
     if p.epilogue == "bias_act":
@@ -92,8 +97,9 @@ def _timeline(p) -> list[str]:
     if getattr(p, "problem", "dense") != "dense":
         return [f"{p.groups} groups: tile counts follow group_sizes, which stay on the device, "
                 "so no wave count is known at trace time",
-                "dynamic: each CTA takes the next tile of any group when it frees up; replay a "
-                "distribution with jax_cluster.schedule.compare(grouped_tile_costs(...), CTAs)"]
+                f"{p.schedule}: each {'cluster' if p.schedule == 'clc' else 'CTA'} takes the "
+                "next tile of any group when it frees up; replay a distribution with "
+                "jax_cluster.schedule.compare(grouped_tile_costs(...), CTAs)"]
     full = math.floor(p.waves)
     rows = [f"{full} full wave(s) and a tail of {p.waves - full:.0%} of the resident clusters",
             f"{p.schedule}: predicted efficiency {p.predicted_efficiency:.0%} (modelled)"]

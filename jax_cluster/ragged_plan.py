@@ -21,13 +21,19 @@ DEFAULT_A_MAJOR = {"ragged_m": "k", "ragged_k": "m"}
 _OVERRIDABLE = ("variant", "tile", "cluster")
 
 
+def _schedule(v: variants.Variant) -> str:
+    """A grouped kind runs one schedule: sm90's work queue, sm100's CLC."""
+    (schedule,) = v.schedules
+    return schedule
+
+
 def _modelled(v: variants.Variant, m, n, k, groups, problem, clusters):
     """(time, waves, efficiency) from the dense model, for evenly filled groups."""
     if problem == "ragged_k":  # one K'xN' output per group, each over ~M/G rows
-        return _score(v, m, n, k, groups, clusters, "dynamic", 1)
-    # ragged_m: each group's last M tile is on average half empty
-    rows = m + (min(groups, m) - 1) * v.cta_tile_m // 2
-    time, waves, eff = _score(v, rows, n, k, 1, clusters, "dynamic", 1)
+        return _score(v, m, n, k, groups, clusters, _schedule(v), 1)
+    # ragged_m: each group's last cluster tile along M is on average half empty
+    rows = m + (min(groups, m) - 1) * v.cta_tile_m * v.cluster_m // 2
+    time, waves, eff = _score(v, rows, n, k, 1, clusters, _schedule(v), 1)
     return time, waves, eff * m / rows
 
 
@@ -38,7 +44,8 @@ def plan_ragged(m: int, n: int, k: int, groups: int, *, problem: str, dtype, out
 
     (m, n, k) is the GEMM view described in this module's docstring; `groups`
     is G. `overrides` pins variant, tile=(m,n,k) or cluster=(m,n); path="xla"
-    forces the fallback. Grouped kernels always run the dynamic schedule.
+    forces the fallback. Grouped kernels schedule dynamically: sm90a through a
+    work queue ("dynamic"), sm100a through Cluster Launch Control ("clc").
     """
     if problem not in RAGGED_PROBLEMS:
         raise ValueError(f"plan_ragged(): problem must be one of {RAGGED_PROBLEMS}, "
@@ -86,11 +93,11 @@ def plan_ragged(m: int, n: int, k: int, groups: int, *, problem: str, dtype, out
                  "only known on the device")
     plan = Plan(path="kernel", reason="", **base, variant=v.name, arch=arch, tile_m=v.tile_m,
                 tile_n=v.tile_n, tile_k=v.tile_k, cluster_m=v.cluster_m, cluster_n=v.cluster_n,
-                stages=v.stages, mma=v.mma, schedule="dynamic", splits=1, raster="along_m",
+                stages=v.stages, mma=v.mma, schedule=_schedule(v), splits=1, raster="along_m",
                 swizzle=1, sm_count=int(dev.sm_count), max_active_clusters=int(clusters),
                 residency=residency, waves=waves, predicted_efficiency=eff, notes=tuple(notes))
     reason = (f"{v.name} fits: {groups} groups over {clusters} resident "
-              f"{v.cluster_m}x{v.cluster_n} clusters, dynamic schedule, modelled efficiency "
+              f"{v.cluster_m}x{v.cluster_n} clusters, {_schedule(v)} schedule, modelled efficiency "
               f"{eff:.0%}")
     ws = _ffi.extension().workspace_size(plan.ffi_attrs(), plan.m, plan.n, plan.k, plan.groups)
     return dataclasses.replace(plan, reason=reason, workspace_bytes=int(ws))

@@ -19,6 +19,7 @@ SCHEDULES_BY_KIND = {
     "grouped_dynamic": ("dynamic",),
     "pingpong": ("static",),
     "2sm_clc": ("clc",),
+    "2sm_grouped_clc": ("clc",),
     "1sm_clc": ("clc",),
     "2sm_static": ("static",),
     "1sm_static": ("static",),

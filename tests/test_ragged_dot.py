@@ -17,6 +17,7 @@ from helpers import (group_bounds, ragged_k_reference, ragged_reference, randn, 
                      tolerance)
 
 H200 = DeviceInfo("cuda", "described H200", (9, 0), 132, 232448, 50 << 20)
+B200 = DeviceInfo("cuda", "described B200", (10, 0), 148, 232448, 126 << 20)
 F32_TOL = 1e-5
 
 
@@ -315,6 +316,39 @@ def test_h200_plan_picks_a_compiled_ragged_row(problem, b_major):
     assert "groups=8" in text and "over the tiles of 8 groups" in text
 
 
+@pytest.mark.parametrize("problem,b_major",
+                         [("ragged_m", "n"), ("ragged_m", "k"), ("ragged_k", "n")])
+def test_b200_plan_picks_the_clc_grouped_row(problem, b_major):
+    if not compiled_ragged_row(problem, "sm100a"):
+        pytest.skip(f"the extension has no compiled sm100a {problem} row")
+    p = jax_cluster.plan_ragged(4096, 2048, 1024, 8, problem=problem, dtype=jnp.bfloat16,
+                                b_major=b_major, device=B200)
+    v = {v.name: v for v in variants.load_menu()}[p.variant]
+    assert p.path == "kernel" and p.arch == "sm100a" and v.kind == "2sm_grouped_clc"
+    assert v.problem == problem and (p.a_major, p.b_major) == (v.a_major, v.b_major)
+    assert (p.schedule, p.mma, p.cluster_m, p.cluster_n) == ("clc", "2cta", 2, 1)
+    assert p.max_active_clusters == 148 // 2 and "clc schedule" in p.reason
+    assert p.workspace_bytes > 0  # per-group arrays, tile_start, a descriptor copy per CTA
+    text = p.explain()
+    assert "Cluster Launch Control" in text and "tile_start" in text
+    assert "clc: each cluster takes the next tile of any group" in text
+    # the same problem on Hopper keeps its work-queue row
+    if compiled_ragged_row(problem):
+        h = jax_cluster.plan_ragged(4096, 2048, 1024, 8, problem=problem, dtype=jnp.bfloat16,
+                                    b_major=b_major, device=H200)
+        assert h.arch == "sm90a" and h.schedule == "dynamic" and "dynamic schedule" in h.reason
+        assert "Cluster Launch Control" not in h.explain()
+
+
+@pytest.mark.skipif(not compiled_ragged_row("ragged_m", "sm100a"),
+                    reason="the extension has no compiled sm100a ragged_m row")
+def test_clc_grouped_workspace_grows_with_the_launched_clusters():
+    """CUTLASS keeps a descriptor copy per launched CTA, and CLC launches the tile bound."""
+    plan = lambda rows: jax_cluster.plan_ragged(rows, 2048, 1024, 8, problem="ragged_m",
+                                                dtype=jnp.bfloat16, device=B200)
+    assert plan(8192).workspace_bytes > plan(1024).workspace_bytes
+
+
 @pytest.mark.parametrize("device,word", [
     (DeviceInfo("cpu"), "cpu"), (DeviceInfo("cuda", "A100", (8, 0), 108), "compute capability")])
 def test_plan_falls_back_off_hopper(device, word):
@@ -368,3 +402,15 @@ def test_explain_for_ragged_plans():
     for i, part in enumerate(("Decision", "Evidence", "Contract", "Timeline", "Validation"), 1):
         assert f"{i}. {part}" in text
     assert "over the tiles of 4 groups" in text and "lax.ragged_dot" in text
+
+
+def test_explain_for_clc_ragged_plans():
+    p = jax_cluster.plan_ragged(256, 256, 256, 4, problem="ragged_m", dtype=jnp.bfloat16,
+                                device=DeviceInfo("cpu"))
+    # a hand-made sm100 plan: the explanation needs no compiled row
+    k = dataclasses.replace(p, path="kernel", variant="hand_made", arch="sm100a", tile_m=256,
+                            tile_n=256, tile_k=64, cluster_m=2, cluster_n=1, stages=4, mma="2cta",
+                            schedule="clc", raster="along_m", sm_count=148, max_active_clusters=74)
+    text = k.explain()
+    assert "cta_group::2 UMMA" in text and "Cluster Launch Control" in text
+    assert "clc: each cluster takes" in text and "work queue" not in text

@@ -16,11 +16,15 @@ pytestmark = [pytest.mark.skipif(not _ffi.with_kernels(), reason="built without 
 MARKER = re.compile(r"jax_cluster_variant_(\w+)")
 WORK_QUEUE_FETCH = r"\bATOMG\.E\.ADD\.STRONG\.GPU\b"  # integer add that returns the old value
 CLUSTER_BROADCAST = r"\bSTAS\b"
+# fence.proxy.tensormap acquire: a grouped kernel rewrites its TMA descriptors per group
+DESCRIPTOR_ACQUIRE = r"\bUTMACCTL\.IV\b"
 
 
 def required(v: variants.Variant) -> dict[str, str]:
     """Instruction (regex) -> why the variant must contain it."""
     need = {}
+    if v.problem != "dense":
+        need[DESCRIPTOR_ACQUIRE] = "per-group TMA descriptor acquire (tensormap fence)"
     if v.arch == "sm90a":
         need[r"\bHGMMA\."] = "wgmma (warpgroup MMA)"
         if v.cluster_size > 1:
@@ -42,12 +46,14 @@ def required(v: variants.Variant) -> dict[str, str]:
 def forbidden(v: variants.Variant) -> dict[str, str]:
     """Instructions a variant must not contain: they would mean the marker
     matched the wrong cubin, or the kernel is not the kind its row says."""
+    out = {}
+    if "dynamic" not in v.schedules:  # static, stream-K and CLC kernels have no work queue
+        out[WORK_QUEUE_FETCH] = "work-queue fetch (global atomic add) in a kernel without a queue"
     if v.arch != "sm100a":
-        out = {r"\bUTC\w*MMA\b": "tcgen05 in an sm90 kernel"}
+        out[r"\bUTC\w*MMA\b"] = "tcgen05 in an sm90 kernel"
         if "dynamic" not in v.schedules:
             out[CLUSTER_BROADCAST] = "work-queue broadcast in a statically scheduled kernel"
         return out
-    out = {}
     if v.mma == "1cta":
         out[r"\bUTC\w*MMA\.2CTA"] = "2-CTA UMMA in a 1-CTA variant"
     if not v.kind.endswith("clc"):
@@ -83,3 +89,14 @@ def test_variant_contains_its_instructions(v, sass_by_variant):
     assert not missing, f"{v.name} lacks: " + "; ".join(missing)
     wrong = [f"{why} ({pattern})" for pattern, why in forbidden(v).items() if re.search(pattern, text)]
     assert not wrong, f"{v.name} contains: " + "; ".join(wrong)
+
+
+@pytest.mark.parametrize("v", [v for v in variants.load_menu() if v.family == "sm100_grouped_gemm"],
+                         ids=lambda v: v.name)
+def test_clc_grouped_rows_check_pair_clc_and_descriptors(v):
+    """The rules above give every sm100 grouped row the whole contract of its design."""
+    need, never = required(v), forbidden(v)
+    for pattern in (r"\bUTC\w*MMA\.2CTA", r"\bUTMALDG\.[\w.]*2CTA", r"\bUGETNEXTWORKID",
+                    DESCRIPTOR_ACQUIRE):
+        assert pattern in need, f"{v.name}: {pattern} not required"
+    assert WORK_QUEUE_FETCH in never, f"{v.name}: the work-queue atomic is not forbidden"

@@ -1,5 +1,5 @@
 // Decodes and checks one "jax_cluster_ragged_dot" call (see the contract in
-// kernels/sm90/sm90_grouped_gemm.cuh) and launches its grouped variant.
+// kernels/cutlass_grouped_gemm.cuh) and launches its grouped variant.
 // Group sizes stay on the device; everything wrong comes back as ffi::Error.
 #include "ffi/ragged_ffi.h"
 

@@ -6,6 +6,10 @@
 // The rule for bad sizes (the Python fallback applies the same one): a
 // negative size counts as 0, and groups are cut at the row count M, so no
 // group ever reaches past the buffers.
+//
+// For a scheduler that maps a linear cluster-tile id to its group (sm100's
+// CLC), it also writes tile_start, the exclusive scan of each group's cluster
+// tiles; callers that do not need it (sm90) leave tile_start null.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +38,16 @@ struct RaggedGroupArrays {
   StrideB* stride_b;
   StrideD* stride_d;
   int64_t* covered_rows;  // rows inside some group: min(sum of sizes, M)
+  // [groups + 1]: first cluster tile of each group; [groups] is the total.
+  int32_t* tile_start = nullptr;
+
+  using ShapeType = Shape;
+  using ElementAType = ElementA;
+  using ElementBType = ElementB;
+  using ElementDType = ElementD;
+  using StrideAType = StrideA;
+  using StrideBType = StrideB;
+  using StrideDType = StrideD;
 };
 
 inline constexpr int kRaggedPrepThreads = 256;
@@ -41,16 +55,18 @@ inline constexpr int kRaggedPrepThreads = 256;
 // One block: a running exclusive scan of the clamped sizes, chunk by chunk.
 // `rows` is M of the ragged dimension; (m, n, k) is the GEMM view of the launch.
 // Strides are the same for every group (each group is a slice of one packed
-// buffer), so the host computes them once.
+// buffer), so the host computes them once. With out.tile_start set, a cluster
+// tile is cluster_tile_m rows by one of tiles_n column tiles.
 template <RaggedProblem P, class Arrays, class StrideA, class StrideB, class StrideD>
 __global__ void __launch_bounds__(kRaggedPrepThreads)
     build_ragged_groups(const int32_t* group_sizes, int groups, int64_t rows, int m, int n, int k,
                         const void* a, const void* b, void* d, Arrays out, StrideA stride_a,
-                        StrideB stride_b, StrideD stride_d) {
+                        StrideB stride_b, StrideD stride_d, int cluster_tile_m = 1,
+                        int tiles_n = 0) {
   using Scan = cub::BlockScan<int64_t, kRaggedPrepThreads>;
-  __shared__ typename Scan::TempStorage temp;
-  __shared__ int64_t carry;
-  if (threadIdx.x == 0) carry = 0;
+  __shared__ typename Scan::TempStorage temp, tile_temp;
+  __shared__ int64_t carry, tile_carry;
+  if (threadIdx.x == 0) carry = 0, tile_carry = 0;
   __syncthreads();
   using EA = typename std::remove_cv_t<std::remove_pointer_t<decltype(out.a)>>;
   using EB = typename std::remove_cv_t<std::remove_pointer_t<decltype(out.b)>>;
@@ -79,11 +95,25 @@ __global__ void __launch_bounds__(kRaggedPrepThreads)
       out.stride_b[g] = stride_b;
       out.stride_d[g] = stride_d;
     }
+    int64_t tile_offset = 0, tile_chunk_total = 0;
+    if (out.tile_start != nullptr) {  // the same for every thread: the scan stays collective
+      // ragged_m: each group's rows in cluster tiles; ragged_k: the whole K'
+      // extent once per group with rows.
+      int64_t row_tiles = P == RaggedProblem::kRaggedM
+                              ? (g_rows + cluster_tile_m - 1) / cluster_tile_m
+                              : (g_rows > 0 ? (m + cluster_tile_m - 1) / cluster_tile_m : 0);
+      Scan(tile_temp).ExclusiveSum(g < groups ? row_tiles * tiles_n : 0, tile_offset,
+                                   tile_chunk_total);
+      if (g < groups) out.tile_start[g] = static_cast<int32_t>(tile_carry + tile_offset);
+    }
     __syncthreads();
-    if (threadIdx.x == 0) carry += chunk_total;
+    if (threadIdx.x == 0) carry += chunk_total, tile_carry += tile_chunk_total;
     __syncthreads();
   }
-  if (threadIdx.x == 0) *out.covered_rows = min(carry, rows);
+  if (threadIdx.x == 0) {
+    *out.covered_rows = min(carry, rows);
+    if (out.tile_start != nullptr) out.tile_start[groups] = static_cast<int32_t>(tile_carry);
+  }
 }
 
 // Zeros, 16 bytes at a time (the planner keeps rows 16-byte aligned):

@@ -4,150 +4,43 @@
 // (sm90_dynamic_group_scheduler.cuh), with the per-group arrays built on the
 // device from group_sizes (ragged_groups.cuh). No host round trip.
 //
-// Contract (GemmProblem's GEMM view; all buffers packed, row-major):
-//   ragged_m: A [rows, K]; B [G, K, N] (B n-major) or [G, N, K] (k-major);
-//             D [rows, N]; rows past the groups are zero.
-//   ragged_k: A [rows, K'] read transposed (A m-major); B [rows, N'];
-//             D [G, K', N']; a group without rows gives zeros.
-// Workspace: the per-group arrays, then CUTLASS's (tensormaps, tile counter).
+// Contract, workspace and entry points: cutlass_grouped_gemm.cuh. Clusters
+// are 1x1 over a persistent grid of the device's SMs.
 #pragma once
 
-#include <cuda_runtime_api.h>
-
 #include <cute/tensor.hpp>
-#include <cutlass/cutlass.h>
-#include <cutlass/epilogue/collective/collective_builder.hpp>
-#include <cutlass/gemm/collective/collective_builder.hpp>
-#include <cutlass/gemm/device/gemm_universal_adapter.h>
-#include <cutlass/gemm/kernel/gemm_universal.hpp>
-#include <cutlass/util/packed_stride.hpp>
+#include <cutlass/gemm/kernel/tile_scheduler.hpp>
 
 #include "common/gemm_problem.h"
-#include "kernels/cutlass_universal_gemm.cuh"
-#include "kernels/ragged_groups.cuh"
+#include "kernels/cutlass_grouped_gemm.cuh"
 #include "kernels/sm90/sm90_dynamic_group_scheduler.cuh"
 
 namespace jax_cluster::sm90 {
 
-template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
-          int TileK, int Stages, RaggedProblem Problem>
-struct GroupedGemm {
-  static constexpr int kAlignAB = 16 / sizeof(ElementAB);
-  static constexpr int kAlignD = 16 / sizeof(ElementD);
-  using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-
-  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float,
-      void, cutlass::layout::RowMajor*, kAlignD,  // no C operand: beta = 0
-      ElementD, cutlass::layout::RowMajor*, kAlignD,
-      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
-
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
-      ElementAB, LayoutA*, kAlignAB, ElementAB, LayoutB*, kAlignAB, float,
-      TileShape, ClusterShape, cutlass::gemm::collective::StageCount<Stages>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
-
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<RaggedProblemShape, CollectiveMainloop,
-                                                      CollectiveEpilogue, cutlass::gemm::GroupScheduler>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-  static_assert(Kernel::SharedStorageSize <= 227 * 1024,
-                "variant does not fit in shared memory: lower its stages in variants.json");
-
-  using Shape = typename RaggedProblemShape::UnderlyingProblemShape;
-  using StrideA = typename Kernel::InternalStrideA;
-  using StrideB = typename Kernel::InternalStrideB;
-  using StrideD = typename Kernel::InternalStrideD;
-  using Arrays = RaggedGroupArrays<Shape, ElementAB, ElementAB, ElementD, StrideA, StrideB, StrideD>;
-
-  // Byte offsets of each per-group array in the workspace, 128-byte aligned.
-  struct Layout {
-    size_t shapes, a, b, d, stride_a, stride_b, stride_d, covered, cutlass, total;
+// The work queue: a persistent grid; nothing to add but CUTLASS's raster.
+struct WorkQueueScheduling {
+  using ProblemShape = RaggedProblemShape;
+  static constexpr Schedule kSchedule = Schedule::kDynamic;
+  static constexpr bool kTileStart = false;
+  struct Launch {
+    int cluster_tile_m = 1, tiles_n = 0;  // no tile_start to build
+    bool fits() const { return true; }
   };
-  static Layout layout(int groups, size_t cutlass_bytes) {
-    auto round = [](size_t x) { return (x + 127) / 128 * 128; };
-    Layout l{};
-    size_t at = 0;
-    auto take = [&](size_t bytes) { size_t here = at; at += round(bytes); return here; };
-    l.shapes = take(groups * sizeof(Shape));
-    l.a = take(groups * sizeof(void*));
-    l.b = take(groups * sizeof(void*));
-    l.d = take(groups * sizeof(void*));
-    l.stride_a = take(groups * sizeof(StrideA));
-    l.stride_b = take(groups * sizeof(StrideB));
-    l.stride_d = take(groups * sizeof(StrideD));
-    l.covered = take(sizeof(int64_t));
-    l.cutlass = take(cutlass_bytes);
-    l.total = at;
-    return l;
-  }
-
-  static typename Gemm::Arguments arguments(const GemmProblem& p, const DeviceSlots& s,
-                                            const Arrays& arrays) {
-    RaggedProblemShape shapes;
-    shapes.num_groups = p.batch;
-    shapes.problem_shapes = arrays.shapes;  // on the device only: no host copy
-    typename Gemm::Arguments args{
-        cutlass::gemm::GemmUniversalMode::kGrouped, shapes,
-        {arrays.a, arrays.stride_a, arrays.b, arrays.stride_b},
-        {{}, nullptr, nullptr, arrays.d, arrays.stride_d}};
-    args.epilogue.thread.alpha = 1.0f;
-    args.epilogue.thread.beta = 0.0f;
-    args.hw_info.device_id = s.device_id;
-    args.hw_info.sm_count = s.sm_count;
-    args.hw_info.max_active_clusters = s.max_active_clusters;
+  static Launch launch(const GemmProblem&) { return {}; }
+  template <class Args, class Arrays>
+  static void configure(Args& args, const DeviceSlots&, const Arrays&, const Launch&) {
     args.scheduler.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongM;
     args.scheduler.max_swizzle_size = 1;
-    return args;
   }
-
-  static size_t cutlass_workspace(const GemmProblem& p, const DeviceSlots& s) {
-    return Gemm::get_workspace_size(arguments(p, s, Arrays{}));
-  }
-
-  static size_t workspace_size(const GemmProblem& p, const LaunchChoices&, const DeviceSlots& s) {
-    return layout(p.batch, cutlass_workspace(p, s)).total;
-  }
-
-  static const char* run(const GemmProblem& p, const LaunchChoices& c, const DeviceSlots& s,
-                         void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-    if (p.group_sizes == nullptr || p.batch < 1) return "a grouped variant needs group sizes";
-    if (c.schedule != Schedule::kDynamic) return "grouped variants run the dynamic schedule only";
-    size_t cutlass_bytes = cutlass_workspace(p, s);
-    Layout l = layout(p.batch, cutlass_bytes);
-    if (l.total > workspace_bytes) return "workspace buffer is smaller than the variant needs";
-    auto* w = static_cast<char*>(workspace);
-    Arrays arrays{reinterpret_cast<Shape*>(w + l.shapes),
-                  reinterpret_cast<const ElementAB**>(w + l.a),
-                  reinterpret_cast<const ElementAB**>(w + l.b),
-                  reinterpret_cast<ElementD**>(w + l.d),
-                  reinterpret_cast<StrideA*>(w + l.stride_a),
-                  reinterpret_cast<StrideB*>(w + l.stride_b),
-                  reinterpret_cast<StrideD*>(w + l.stride_d),
-                  reinterpret_cast<int64_t*>(w + l.covered)};
-    // Row counts: ragged_m splits M (GEMM m); ragged_k splits the contraction (GEMM k).
-    int64_t rows = Problem == RaggedProblem::kRaggedM ? p.m : p.k;
-    auto stride_a = cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(p.m, p.k, 1));
-    auto stride_b = cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(p.n, p.k, 1));
-    auto stride_d = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(p.m, p.n, 1));
-    build_ragged_groups<Problem><<<1, kRaggedPrepThreads, 0, stream>>>(
-        p.group_sizes, p.batch, rows, p.m, p.n, p.k, p.a, p.b, p.d, arrays, stride_a, stride_b,
-        stride_d);
-    int64_t row_bytes = int64_t(p.n) * sizeof(ElementD);
-    zero_uncovered_output<Problem><<<2 * s.sm_count, 256, 0, stream>>>(
-        arrays.shapes, arrays.covered_rows, p.batch, rows, row_bytes, int64_t(p.m) * row_bytes, p.d);
-    if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cudaGetErrorString(err);
-
-    return initialize_and_run<Gemm>(arguments(p, s, arrays), w + l.cutlass, stream);
-  }
-
-  static int max_active_clusters(int device_id) {
-    return occupancy_max_active_clusters<Kernel>(device_id);
-  }
-
-  static constexpr VariantOps ops{&workspace_size, &run, &max_active_clusters};
 };
+
+template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
+          int TileK, int Stages, RaggedProblem Problem>
+using GroupedGemm = CutlassGroupedGemm<
+    cutlass::arch::Sm90, ElementAB, ElementD, LayoutA, LayoutB,
+    cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>,
+    cute::Shape<cute::_1, cute::_1, cute::_1>, Stages,
+    cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+    cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, Problem, WorkQueueScheduling>;
 
 }  // namespace jax_cluster::sm90
