@@ -21,10 +21,11 @@ from jax import lax
 
 from jax_cluster import _ffi, variants
 from jax_cluster.device import describe
+from jax_cluster.local_primitives import clamp_group_sizes
 from jax_cluster.plan import plan_gemm
 from jax_cluster.primitives import gemm
 from jax_cluster.ragged_plan import plan_ragged
-from jax_cluster.ragged_primitives import clamp_group_sizes, ragged
+from jax_cluster.ragged_primitives import ragged
 
 ODD_SHAPES = [(7, 24, 8), (129, 136, 72), (333, 2056, 1000), (1000, 1016, 4104)]
 DTYPES = {"bf16": jnp.bfloat16, "f16": jnp.float16, "f32": jnp.float32}
