@@ -148,6 +148,18 @@ def test_vmap_of_sharded_matmul(mesh):
     np.testing.assert_allclose(out, jnp.matmul(a, b, precision="highest"), rtol=1e-5, atol=1e-5)
 
 
+@needs_8
+def test_dot_general_honours_out_sharding(mesh):
+    a, b = randn(10, (64, 32)), randn(11, (32, 16))
+    want = NamedSharding(mesh, P(None, "y"))
+    f = jax.jit(lambda a, b: jax_cluster.dot_general(a, b, (((1,), (0,)), ((), ())),
+                                                     out_sharding=want))
+    out = f(put(mesh, a, P("x")), b)
+    assert "jax_cluster_gemm" in str(jax.make_jaxpr(f)(a, b))
+    assert_sharded(out, mesh, P(None, "y"))
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+
+
 # --------------------------------------------------------------------------- ragged
 
 
