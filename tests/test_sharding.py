@@ -211,3 +211,33 @@ def test_ragged_dot_token_sharded_grads(mesh):
     np.testing.assert_allclose(dw, rw, rtol=1e-4, atol=1e-3)
     hlo = compiled_text(f, L, rhs, S)
     assert "all-gather" not in hlo and "all-reduce" in hlo  # only d_rhs is summed
+
+
+# --------------------------------------------------------------------------- layers
+
+
+@needs_8
+def test_layers_data_parallel(mesh):
+    nnx = pytest.importorskip("flax.nnx")
+    from jax_cluster import nn as jcnn
+
+    x = randn(16, (8, 6, 16))
+    X = put(mesh, x, P(("x", "y")))
+    linear = jcnn.Linear(16, 32, rngs=nnx.Rngs(0))
+    moe = jcnn.MoEMLP(16, 32, 4, 2, token_blocks=8, rngs=nnx.Rngs(1))
+    ref = jcnn.MoEMLP(16, 32, 4, 2, rngs=nnx.Rngs(1))
+
+    graph, state = nnx.split((linear, moe))
+
+    @jax.jit
+    def apply(state, x):
+        linear, moe = nnx.merge(graph, state)
+        return linear(x), moe(x)
+
+    y, z = apply(state, X)
+    assert_sharded(y, mesh, P(("x", "y")))
+    assert_sharded(z, mesh, P(("x", "y")))
+    # tokens, routing and experts all stay on their shard
+    assert "all-gather" not in compiled_text(apply, state, X)
+    np.testing.assert_allclose(y, nnx.Linear(16, 32, rngs=nnx.Rngs(0))(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(z, ref(x), rtol=1e-5, atol=1e-5)
