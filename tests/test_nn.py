@@ -164,3 +164,17 @@ def test_route_sorts_by_expert_and_counts_groups():
     np.testing.assert_allclose(weights.reshape(2, 2).sum(-1), 1.0, rtol=1e-6)
     with pytest.raises(ValueError, match="top_k"):
         jcnn.route(logits, top_k=4)
+
+
+@pytest.mark.parametrize("dtype,param_dtype", [(jnp.bfloat16, jnp.float32), (None, jnp.bfloat16)])
+def test_grouped_linear_dtypes(dtype, param_dtype):
+    kw = dict(dtype=dtype, param_dtype=param_dtype)
+    layer = jcnn.GroupedLinear(3, 16, 8, rngs=nnx.Rngs(0), **kw)
+    ref = jcnn.GroupedLinear(3, 16, 8, ragged_dot=lax.ragged_dot, rngs=nnx.Rngs(0), **kw)
+    assert layer.kernel[...].dtype == np.dtype(param_dtype)
+    x = jax.random.normal(jax.random.key(3), (12, 16), jnp.float32).astype(jnp.bfloat16)
+    sizes = jnp.array([4, 4, 4], jnp.int32)
+    y, want = layer(x, sizes), ref(x, sizes)
+    assert y.dtype == want.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(want, np.float32),
+                               rtol=2e-2, atol=2e-2)
