@@ -140,6 +140,21 @@ def test_data_parallel_grads_reduce_only_the_weight_gradient(mesh):
 
 
 @needs_8
+def test_tensor_parallel_mlp_reduces_once(mesh):
+    """Megatron's MLP: W1 split on N, W2 on K; the only collective is W2's psum."""
+    x, w1, w2 = randn(17, (32, 64)), randn(18, (64, 128)), randn(19, (128, 64))
+    X, W1, W2 = put(mesh, x, P("x")), put(mesh, w1, P(None, "y")), put(mesh, w2, P("y"))
+    f = jax.jit(lambda x, w1, w2: jax_cluster.matmul(jax.nn.relu(jax_cluster.matmul(x, w1)), w2))
+    out = f(X, W1, W2)
+    assert_sharded(out, mesh, P("x"))
+    ref = jnp.matmul(jax.nn.relu(jnp.matmul(x, w1, precision="highest")), w2,
+                     precision="highest")
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-3)
+    hlo = compiled_text(f, X, W1, W2)
+    assert "all-gather" not in hlo and hlo.count("all-reduce(") == 1
+
+
+@needs_8
 def test_vmap_of_sharded_matmul(mesh):
     a, b = randn(8, (8, 16, 32)), randn(9, (32, 24))
     A = put(mesh, a, P(("x", "y")))
