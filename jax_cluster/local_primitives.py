@@ -93,6 +93,15 @@ def clamp_group_sizes(group_sizes, rows):
     return ends - jnp.concatenate([jnp.zeros((1,), ends.dtype), ends[:-1]])
 
 
+def gemm_view(a_shape, b_shape, problem, b_major, blocks=1) -> tuple[int, int, int]:
+    """(m, n, k) of one row block as the planner and the kernel see it."""
+    rows = a_shape[0] // blocks
+    if problem == "ragged_k":
+        return a_shape[1], b_shape[1], rows
+    n, k = (b_shape[2], b_shape[1]) if b_major == "n" else (b_shape[1], b_shape[2])
+    return rows, n, k
+
+
 def ragged_out_shape(a_shape, b_shape, groups, problem, b_major):
     if problem == "ragged_k":
         return groups, a_shape[1], b_shape[1]

@@ -21,6 +21,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
+from jax_cluster.local_primitives import gemm_view
 from jax_cluster.partition_ragged import sharded_ragged
 from jax_cluster.partition_specs import lowers_through_custom_partitioning
 from jax_cluster.plan import Plan, dtype_name
@@ -66,15 +67,6 @@ def _check(a, b, group_sizes, problem, b_major, out_dtype):
         raise ValueError(f"{_WHO}: contracting dimensions differ: lhs {a.shape} has "
                          f"K={a.shape[1]}, rhs {b.shape} ({layout}) has K={kb}")
     return a.shape[0], n
-
-
-def gemm_view(a_shape, b_shape, problem, b_major, blocks=1) -> tuple[int, int, int]:
-    """(m, n, k) of one row block as the planner and the kernel see it."""
-    rows = a_shape[0] // blocks
-    if problem == "ragged_k":
-        return a_shape[1], b_shape[1], rows
-    n, k = (b_shape[2], b_shape[1]) if b_major == "n" else (b_shape[1], b_shape[2])
-    return rows, n, k
 
 
 def _abstract_eval(a, b, group_sizes, *, problem, b_major, out_dtype, plan):

@@ -228,6 +228,41 @@ def test_ragged_dot_token_sharded_grads(mesh):
     assert "all-gather" not in hlo and "all-reduce" in hlo  # only d_rhs is summed
 
 
+@needs_8
+@pytest.mark.parametrize("layout", ["gkn", "gnk"])
+def test_ragged_expert_mlp_data_and_tensor_parallel(mesh, layout):
+    """Tokens split on x, each expert's hidden dim on y: w_in split on N, w_out
+    on K; the forward's one collective is w_out's psum."""
+    x = randn(20, (4 * 16, 32))
+    w_in, w_out = randn(21, (3, 32, 64)), randn(22, (3, 64, 32))
+    sizes = block_sizes(4, 16, 3, seed=1)
+    as_layout = (lambda w: w) if layout == "gkn" else (lambda w: jnp.swapaxes(w, 1, 2))
+    hidden_split = P(None, None, "y") if layout == "gkn" else P(None, "y", None)
+    out_split = P(None, "y", None) if layout == "gkn" else P(None, None, "y")
+    args = (put(mesh, x, P("x")), put(mesh, as_layout(w_in), hidden_split),
+            put(mesh, as_layout(w_out), out_split), put(mesh, sizes, P("x")))
+
+    def mlp(x, w_in, w_out, sizes):
+        h = jax.nn.relu(jax_cluster.ragged_dot(x, w_in, sizes, rhs_layout=layout))
+        return jax_cluster.ragged_dot(h, w_out, sizes, rhs_layout=layout)
+
+    def reference(x, w_in, w_out, sizes):
+        return block_reference(jax.nn.relu(block_reference(x, w_in, sizes)), w_out, sizes)
+
+    f = jax.jit(mlp)
+    out = f(*args)
+    assert_sharded(out, mesh, P("x"))
+    np.testing.assert_allclose(out, reference(x, w_in, w_out, sizes), rtol=1e-4, atol=1e-3)
+    hlo = compiled_text(f, *args)
+    assert "all-gather" not in hlo and hlo.count("all-reduce(") == 1
+    loss = lambda fn: lambda *a: (fn(*a) ** 2).sum()  # noqa: E731
+    grads = jax.jit(jax.grad(loss(mlp), (0, 1, 2)))(*args)
+    want = jax.grad(loss(reference), (0, 1, 2))(x, w_in, w_out, sizes)
+    for g, w in zip(grads, (want[0], as_layout(want[1]), as_layout(want[2]))):
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-2)
+    assert "all-gather" not in compiled_text(jax.jit(jax.grad(loss(mlp), (0, 1, 2))), *args)
+
+
 # --------------------------------------------------------------------------- layers
 
 
