@@ -5,6 +5,8 @@ FFI when the planner picks one, and XLA's own dot everywhere else.
 `autotune` times the candidate plans on the present GPU and caches the
 winners; `use_autotune_cache(True)` makes the planner read them.
 `ragged_dot` is the grouped GEMM (jax.lax.ragged_dot's semantics) on grouped kernels.
+All three partition under jit over a mesh (partition_gemm.py, partition_ragged.py).
+`jax_cluster.nn` (imported on its own; needs flax) has the Flax layers.
 """
 from jax_cluster import _ffi
 from jax_cluster.api import dot_general, matmul

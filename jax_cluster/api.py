@@ -84,9 +84,10 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
 
     Dots with one contracting dimension and leading batch dimensions run on
     the kernel; every other form and mixed input dtypes go to
-    `lax.dot_general` unchanged. `out_sharding` (which `nnx.Linear` passes)
-    is honoured by a sharding constraint on the kernel's output; under an
-    explicit-axes mesh the call goes to `lax.dot_general`, which types it.
+    `lax.dot_general` unchanged. `out_sharding` (which `nnx.Linear` passes,
+    None by default) is applied to the kernel's output; only when it is given
+    and a mesh with explicit axes is set or typed into the operands does the
+    call go to `lax.dot_general`, which types the sharding.
     """
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     mapped = None
