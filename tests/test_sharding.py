@@ -34,6 +34,17 @@ def test_runs_with_8_host_devices():
     assert " passed" in run.stdout and "skipped" in run.stdout  # the launcher itself skips
 
 
+def test_one_device_lowers_without_the_partitioner():
+    """Unsharded, the custom_partitioning call is inlined: the program is the
+    plain GEMM, with no partitioner callback left in it."""
+    a, b = jnp.ones((16, 32)), jnp.ones((32, 8))
+    text = jax.jit(jax_cluster.matmul).lower(a, b).as_text()
+    assert "CustomSPMDPartitioning" not in text and "dot_general" in text
+    sizes = jnp.array([8, 8], jnp.int32)
+    text = jax.jit(jax_cluster.ragged_dot).lower(a, jnp.ones((2, 32, 8)), sizes).as_text()
+    assert "CustomSPMDPartitioning" not in text
+
+
 @pytest.fixture
 def mesh():
     return jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto, AxisType.Auto))
