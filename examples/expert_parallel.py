@@ -2,13 +2,17 @@
 shard of the tokens; tokens travel to their experts' devices by all_to_all,
 run there as one grouped GEMM, and travel back.
 
-    python examples/expert_parallel.py          # 8 host devices on a CPU, all GPUs on a GPU box
+    python examples/expert_parallel.py [--dtype bfloat16]
+
+On a CPU it makes 8 host devices; on a GPU machine it uses every GPU.
 
 Every device sends each peer a fixed-capacity block of rows sorted by expert,
 so a device receives D blocks, block s holding rows from device s for its
 local experts: exactly the [S, G] block group sizes of `jax_cluster.ragged_dot`.
-Exits non-zero if the result differs from a dense reference.
+Exits non-zero if the result differs from a dense reference (bf16 inputs,
+which the grouped kernels take on an H200, are checked to 2e-2).
 """
+import argparse
 import os
 import sys
 
@@ -65,7 +69,8 @@ def expert_parallel_mlp(x, router, w_in, w_out, *, top_k):
 
 
 def dense_reference(x, router, w_in, w_out, top_k):
-    """Every expert on every token, weighted by the same routing."""
+    """Every expert on every token, weighted by the same routing, in fp32."""
+    x, router, w_in, w_out = (t.astype(jnp.float32) for t in (x, router, w_in, w_out))
     experts, weights = top_k_routing(x, router, top_k)
     hidden = jax.nn.gelu(jnp.einsum("td,edh->teh", x, w_in, precision="highest"))
     every = jnp.einsum("teh,ehd->ted", hidden, w_out, precision="highest")
@@ -73,7 +78,10 @@ def dense_reference(x, router, w_in, w_out, top_k):
     return (chosen * weights[..., None]).sum(1)
 
 
-def main():
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    dtype = jnp.dtype(parser.parse_args(argv).dtype)
     devices = jax.device_count()
     mesh = jax.make_mesh((devices,), (AXIS,), axis_types=(AxisType.Auto,))
     experts, top_k, features, hidden, tokens = 2 * devices, 2, 64, 128, 32 * devices
@@ -82,16 +90,17 @@ def main():
     router = jax.random.normal(keys[1], (features, experts))
     w_in = jax.random.normal(keys[2], (experts, features, hidden)) / features ** 0.5
     w_out = jax.random.normal(keys[3], (experts, hidden, features)) / hidden ** 0.5
+    x, w_in, w_out = (t.astype(dtype) for t in (x, w_in, w_out))
 
     layer = jax.jit(jax.shard_map(
         lambda *a: expert_parallel_mlp(*a, top_k=top_k), mesh=mesh,
         in_specs=(P(AXIS), P(), P(AXIS), P(AXIS)), out_specs=P(AXIS), check_vma=False))
     y = layer(x, router, w_in, w_out)
     ref = dense_reference(x, router, w_in, w_out, top_k)
-    err = float(jnp.abs(y - ref).max() / jnp.abs(ref).max())
-    print(f"{devices} devices x {experts // devices} experts, {tokens} tokens, top-{top_k}: "
-          f"max relative difference to the dense reference {err:.2e}")
-    return 0 if err < 1e-4 else 1
+    err = float(jnp.abs(y.astype(jnp.float32) - ref).max() / jnp.abs(ref).max())
+    print(f"{devices} devices x {experts // devices} experts, {tokens} tokens, top-{top_k}, "
+          f"{dtype.name}: max relative difference to the dense reference {err:.2e}")
+    return 0 if err < (1e-4 if dtype == jnp.float32 else 2e-2) else 1
 
 
 if __name__ == "__main__":
