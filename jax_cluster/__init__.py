@@ -6,6 +6,9 @@ FFI when the planner picks one, and XLA's own dot everywhere else.
 winners; `use_autotune_cache(True)` makes the planner read them.
 `ragged_dot` is the grouped GEMM (jax.lax.ragged_dot's semantics) on grouped kernels.
 `linear` is a dense layer's act(x @ W + residual + b) with the epilogue fused into the GEMM.
+matmul, dot_general and ragged_dot partition under jit over a mesh (partition_gemm.py,
+partition_ragged.py); linear does not yet.
+`jax_cluster.nn` (imported on its own; needs flax) has the Flax layers.
 """
 from jax_cluster import _ffi
 from jax_cluster.api import dot_general, matmul

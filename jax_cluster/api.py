@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import PartitionSpec
 
 from jax_cluster.plan import Plan
 from jax_cluster.primitives import gemm
@@ -81,12 +83,15 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     """Drop-in for `lax.dot_general` (and Flax's `dot_general=` hook).
 
     Dots with one contracting dimension and leading batch dimensions run on
-    the kernel; every other form, mixed input dtypes and calls that pass
-    `out_sharding` go to `lax.dot_general` unchanged.
+    the kernel; every other form and mixed input dtypes go to
+    `lax.dot_general` unchanged. `out_sharding` (which `nnx.Linear` passes,
+    None by default) is applied to the kernel's output; only when it is given
+    and a mesh with explicit axes is set or typed into the operands does the
+    call go to `lax.dot_general`, which types the sharding.
     """
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     mapped = None
-    if out_sharding is None and lhs.dtype == rhs.dtype:
+    if lhs.dtype == rhs.dtype and not _explicit_mesh(lhs, rhs, out_sharding):
         mapped = _as_gemm(lhs, rhs, dimension_numbers)
     if mapped is None:
         return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
@@ -94,4 +99,43 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
                                out_sharding=out_sharding)
     a, b, a_major, b_major, out_shape = mapped
     out = gemm(a, b, a_major=a_major, b_major=b_major, out_dtype=preferred_element_type)
-    return out.reshape(out_shape)
+    out = out.reshape(out_shape)
+    if _constrains(out_sharding):
+        out = _place(out, out_sharding)
+    return out
+
+
+def _explicit_mesh(lhs, rhs, out_sharding) -> bool:
+    """Whether sharding is part of the operands' types (AxisType.Explicit): the
+    kernel's primitive has no sharding rule for types, lax.dot_general has."""
+    if out_sharding is None:
+        return False
+    meshes = [jax.sharding.get_abstract_mesh()]
+    meshes += [getattr(jax.typeof(x).sharding, "mesh", None) for x in (lhs, rhs)]
+    return any(_has_explicit_axes(m) for m in meshes)
+
+
+def _has_explicit_axes(mesh) -> bool:
+    return (mesh is not None and not mesh.empty
+            and jax.sharding.AxisType.Explicit in mesh.axis_types)
+
+
+def _place(out, out_sharding):
+    """The kernel's output in the asked sharding: reshard onto a mesh with
+    explicit axes (with_sharding_constraint refuses those), else a constraint."""
+    if _has_explicit_axes(getattr(out_sharding, "mesh", None)):
+        return jax.sharding.reshard(out, out_sharding)
+    return jax.lax.with_sharding_constraint(out, out_sharding)
+
+
+def _constrains(out_sharding) -> bool:
+    """False for None and for a spec that splits nothing outside any mesh,
+    which asks for nothing a constraint could say."""
+    if out_sharding is None:
+        return False
+    if isinstance(out_sharding, PartitionSpec) and jax.sharding.get_abstract_mesh().empty:
+        if all(entry is None for entry in out_sharding):
+            return False
+        raise ValueError(f"jax_cluster.dot_general: out_sharding={out_sharding} names mesh axes "
+                         "but no mesh is set; pass a NamedSharding or use jax.set_mesh")
+    return True

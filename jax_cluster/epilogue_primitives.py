@@ -20,7 +20,8 @@ from jax.interpreters import batching, mlir
 
 from jax_cluster import _ffi
 from jax_cluster.plan import Plan, dtype_name, plan_gemm
-from jax_cluster.primitives import check_dtypes, lower_kernel_call
+from jax_cluster.local_primitives import lower_kernel_call
+from jax_cluster.primitives import check_dtypes
 
 # The kernel's codes (cc/common/gemm_problem.h, Activation) and XLA's twins.
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2, "gelu_exact": 3, "silu": 4}

@@ -11,25 +11,17 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jax_cluster import _ffi
+from jax_cluster.local_primitives import gemm_dims as _dims
+from jax_cluster.partition_gemm import sharded_gemm
+from jax_cluster.partition_specs import lowers_through_custom_partitioning
 from jax_cluster.plan import Plan, dtype_name, plan_gemm
 
 SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 
 gemm_p = Primitive("jax_cluster_gemm")
-
-
-def _dims(a_shape, b_shape, a_major, b_major):
-    """(batch, M, N, K of A, K of B) read from the operand shapes."""
-    a0, a1 = a_shape[-2:]
-    b0, b1 = b_shape[-2:]
-    m, ka = (a0, a1) if a_major == "k" else (a1, a0)
-    n, kb = (b0, b1) if b_major == "k" else (b1, b0)
-    return a_shape[:-2], m, n, ka, kb
 
 
 def check_dtypes(who, out_dtype, **operands):
@@ -66,45 +58,19 @@ def _abstract_eval(a, b, *, a_major, b_major, out_dtype, plan):
     return jax.core.ShapedArray(_check(a, b, a_major, b_major, out_dtype), out_dtype)
 
 
-def _xla_gemm(a, b, *, a_major, b_major, out_dtype, plan):
-    """The portable path: XLA's own dot with the same layouts."""
-    nb = a.ndim - 2
-    batch = tuple(range(nb))
-    contract_a = nb + 1 if a_major == "k" else nb
-    contract_b = nb + 1 if b_major == "k" else nb
-    # fp32 accumulation like the kernels: asked for bf16, XLA turns degenerate
-    # dots (K=1, M=N=1) into bf16 multiply-reduces that lose ~1e-2.
-    out = lax.dot_general(a, b, (((contract_a,), (contract_b,)), (batch, batch)),
-                          preferred_element_type=jnp.float32)
-    return out.astype(out_dtype)
-
-
-def _cuda_lowering(ctx, a, b, *, a_major, b_major, out_dtype, plan: Plan):
-    if not (plan.uses_kernel and _ffi.register_targets()):
-        return mlir.lower_fun(functools.partial(
-            _xla_gemm, a_major=a_major, b_major=b_major, out_dtype=out_dtype, plan=plan),
-            multiple_results=False)(ctx, a, b)
-    return lower_kernel_call(ctx, _ffi.GEMM_TARGET, plan, a, b)
-
-
-def lower_kernel_call(ctx, target, plan: Plan, *operands, **attrs):
-    """The FFI call of a kernel plan, for any of the package's targets; `attrs`
-    are the target's attributes besides the plan."""
-    out_aval = ctx.avals_out[0]
-    # Scratch comes from XLA as a second result, so the call stays graph-safe.
-    ws_aval = jax.core.ShapedArray((max(plan.workspace_bytes, 16),), np.uint8)
-    lowering = jax.ffi.ffi_lowering(target)
-    results = lowering(ctx.replace(avals_out=[out_aval, ws_aval]), *operands,
-                       plan=plan.ffi_attrs(), **attrs)
-    return results[:1]
+def _lowering(ctx, a, b, *, a_major, b_major, out_dtype, plan):
+    """Through custom_partitioning, so a sharded call runs one planned GEMM per shard."""
+    return mlir.lower_fun(
+        lambda a, b: sharded_gemm(a, b, a_major, b_major, np.dtype(out_dtype), plan),
+        multiple_results=False)(ctx, a, b)
 
 
 gemm_p.def_impl(functools.partial(jax.jit, static_argnames=("a_major", "b_major", "out_dtype",
                                                              "plan"))(
     lambda a, b, **params: gemm_p.bind(a, b, **params)))
 gemm_p.def_abstract_eval(_abstract_eval)
-mlir.register_lowering(gemm_p, mlir.lower_fun(_xla_gemm, multiple_results=False))
-mlir.register_lowering(gemm_p, _cuda_lowering, platform="cuda")
+mlir.register_lowering(gemm_p, _lowering)
+lowers_through_custom_partitioning(gemm_p)
 
 
 # --------------------------------------------------------------------------- binding

@@ -21,6 +21,12 @@ def ragged_dot(lhs, rhs, group_sizes, *, preferred_element_type=None, rhs_layout
     `preferred_element_type` (default: the input dtype); accumulation is fp32.
     Mixed input dtypes promote.
 
+    `group_sizes` may also be [S,G]: the M rows are then S equal blocks, block
+    s grouped by group_sizes[s] (each block as if it were its own call). This
+    is the data-parallel form: with lhs rows and group_sizes sharded on the
+    same mesh axes under jit, each device runs only its own blocks, rhs is
+    replicated, and the weight gradient is summed over the shards.
+
     Group sizes: group g covers rows [min(s_g, M), min(s_g + max(size_g, 0), M)),
     where s_g is the sum of max(size, 0) over the groups before it. So a
     negative size counts as 0, groups are cut at M (sum > M never reads or

@@ -6,22 +6,26 @@ Two problems (see ragged_plan.py for their GEMM views), both with rows
               (b_major "k", read in place) -> out [M,N].
   "ragged_k": lhs [M,K'] and rhs [M,N'] -> out [G,K',N'], out[g] = lhs_g^T rhs_g.
 Group sizes follow one rule on every path: a negative size counts as 0 and
-groups are cut at M (`clamp_group_sizes`). Rows past the last group are zero.
+groups are cut at M (`local_primitives.clamp_group_sizes`). Rows past the last group are zero.
+Group sizes [S,G] make the rows S equal blocks, each its own problem with
+sizes[s] (ragged_k sums the blocks): the per-shard sizes of token-sharded
+data parallelism (partition_ragged.py).
 """
 from __future__ import annotations
 
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jax_cluster import _ffi
+from jax_cluster.local_primitives import gemm_view
+from jax_cluster.partition_ragged import sharded_ragged
+from jax_cluster.partition_specs import lowers_through_custom_partitioning
 from jax_cluster.plan import Plan, dtype_name
-from jax_cluster.primitives import _FLIP_B, _ct_as, check_dtypes, lower_kernel_call
+from jax_cluster.primitives import _FLIP_B, _ct_as, check_dtypes
 from jax_cluster.ragged_plan import DEFAULT_A_MAJOR, RAGGED_PROBLEMS, plan_ragged
 
 ragged_dot_p = Primitive("jax_cluster_ragged_dot")
@@ -35,13 +39,17 @@ def _check(a, b, group_sizes, problem, b_major, out_dtype):
         raise ValueError(f"{_WHO}: problem must be one of {RAGGED_PROBLEMS}, got {problem!r}")
     if b_major not in ("n", "k") or (problem == "ragged_k" and b_major != "n"):
         raise ValueError(f"{_WHO}: b_major {b_major!r} is not supported for {problem}")
-    if group_sizes.ndim != 1:
-        raise ValueError(f"{_WHO}: group_sizes must be a 1-D array [G], got shape "
+    if group_sizes.ndim not in (1, 2):
+        raise ValueError(f"{_WHO}: group_sizes must be [G] or [S,G] (S row blocks), got shape "
                          f"{group_sizes.shape}")
     if group_sizes.dtype != np.dtype(np.int32):
         raise TypeError(f"{_WHO}: group_sizes must be int32, got {group_sizes.dtype}")
     check_dtypes(_WHO, out_dtype, lhs=a, rhs=b)
-    groups = group_sizes.shape[0]
+    groups = group_sizes.shape[-1]
+    blocks = group_sizes.shape[0] if group_sizes.ndim == 2 else 1
+    if a.ndim >= 1 and (blocks == 0 or a.shape[0] % blocks):
+        raise ValueError(f"{_WHO}: group_sizes {group_sizes.shape} splits the {a.shape[0]} rows "
+                         f"into {blocks} blocks; the rows must be a positive multiple of it")
     if problem == "ragged_k":
         if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[0]:
             raise ValueError(f"{_WHO}: ragged_k takes lhs [M,K'] and rhs [M,N'] with the same M, "
@@ -61,63 +69,25 @@ def _check(a, b, group_sizes, problem, b_major, out_dtype):
     return a.shape[0], n
 
 
-def gemm_view(a_shape, b_shape, problem, b_major) -> tuple[int, int, int]:
-    """(m, n, k) of the problem as the planner and the kernel see it."""
-    if problem == "ragged_k":
-        return a_shape[1], b_shape[1], a_shape[0]
-    n, k = (b_shape[2], b_shape[1]) if b_major == "n" else (b_shape[1], b_shape[2])
-    return a_shape[0], n, k
-
-
-def clamp_group_sizes(group_sizes, rows):
-    """Sizes under the documented rule: a negative size counts as 0 and groups
-    are cut at `rows`, so group g covers [min(s_g, rows), min(s_g + size_g, rows))."""
-    if group_sizes.shape[0] == 0:
-        return group_sizes
-    sizes = jnp.clip(group_sizes, 0, rows)  # cutting each at `rows` first changes no end
-    # a running sum that saturates at `rows` never overflows int32, whatever G is
-    ends = lax.associative_scan(lambda x, y: jnp.minimum(x + y, rows), sizes)
-    return ends - jnp.concatenate([jnp.zeros((1,), ends.dtype), ends[:-1]])
-
-
 def _abstract_eval(a, b, group_sizes, *, problem, b_major, out_dtype, plan):
     shape = _check(a, b, group_sizes, problem, b_major, out_dtype)
     return jax.core.ShapedArray(shape, out_dtype)
 
 
-def _xla_ragged(a, b, group_sizes, *, problem, b_major, out_dtype, plan):
-    """The portable path: lax.ragged_dot_general on the clamped sizes."""
-    out_shape = _check(a, b, group_sizes, problem, b_major, out_dtype)
-    if group_sizes.shape[0] == 0:  # no groups: every row is past the last one
-        return jnp.zeros(out_shape, out_dtype)
-    sizes = clamp_group_sizes(group_sizes, a.shape[0])
-    if problem == "ragged_m":
-        contract_b = 1 if b_major == "n" else 2
-        dims = lax.RaggedDotDimensionNumbers((((1,), (contract_b,)), ((), ())),
-                                             lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
-    else:  # the rows are the contraction: a ragged contracting dimension
-        dims = lax.RaggedDotDimensionNumbers((((0,), (0,)), ((), ())),
-                                             lhs_ragged_dimensions=[0], rhs_group_dimensions=[])
-    # fp32 accumulation like the kernels
-    out = lax.ragged_dot_general(a, b, sizes, dims, preferred_element_type=jnp.float32)
-    return out.astype(out_dtype)
-
-
-def _cuda_lowering(ctx, a, b, group_sizes, *, problem, b_major, out_dtype, plan: Plan):
-    if not (plan.uses_kernel and _ffi.register_targets()):
-        return mlir.lower_fun(functools.partial(
-            _xla_ragged, problem=problem, b_major=b_major, out_dtype=out_dtype, plan=plan),
-            multiple_results=False)(ctx, a, b, group_sizes)
-    # the raw sizes go to the kernel, which applies the same clamping rule itself
-    return lower_kernel_call(ctx, _ffi.RAGGED_TARGET, plan, a, b, group_sizes)
+def _lowering(ctx, a, b, group_sizes, *, problem, b_major, out_dtype, plan):
+    """Through custom_partitioning, so token-sharded calls run per shard."""
+    return mlir.lower_fun(
+        lambda a, b, sizes: sharded_ragged(a, b, sizes, problem, b_major, np.dtype(out_dtype),
+                                           plan),
+        multiple_results=False)(ctx, a, b, group_sizes)
 
 
 ragged_dot_p.def_impl(functools.partial(jax.jit, static_argnames=("problem", "b_major",
                                                                   "out_dtype", "plan"))(
     lambda a, b, group_sizes, **params: ragged_dot_p.bind(a, b, group_sizes, **params)))
 ragged_dot_p.def_abstract_eval(_abstract_eval)
-mlir.register_lowering(ragged_dot_p, mlir.lower_fun(_xla_ragged, multiple_results=False))
-mlir.register_lowering(ragged_dot_p, _cuda_lowering, platform="cuda")
+mlir.register_lowering(ragged_dot_p, _lowering)
+lowers_through_custom_partitioning(ragged_dot_p)
 
 
 # --------------------------------------------------------------------------- binding
@@ -128,8 +98,9 @@ def ragged(a, b, group_sizes, *, problem, b_major="n", out_dtype=None, plan: Pla
     """Binds ragged_dot_p, planning the call if no plan is given."""
     out_dtype = np.dtype(out_dtype if out_dtype is not None else a.dtype)
     _check(a, b, group_sizes, problem, b_major, out_dtype)
-    m, n, k = gemm_view(a.shape, b.shape, problem, b_major)
-    groups = group_sizes.shape[0]
+    blocks = group_sizes.shape[0] if group_sizes.ndim == 2 else 1
+    m, n, k = gemm_view(a.shape, b.shape, problem, b_major, blocks)
+    groups = group_sizes.shape[-1]
     a_major = DEFAULT_A_MAJOR[problem]
     call = (problem, m, n, k, groups, a_major, b_major, dtype_name(a.dtype), dtype_name(out_dtype))
     if plan is None:

@@ -22,10 +22,11 @@ from jax import lax
 from jax_cluster import _ffi, variants
 from jax_cluster.device import describe
 from jax_cluster.epilogue_primitives import ACTIVATIONS, activation_fn, gemm_epilogue
+from jax_cluster.local_primitives import clamp_group_sizes
 from jax_cluster.plan import plan_gemm
 from jax_cluster.primitives import gemm
 from jax_cluster.ragged_plan import plan_ragged
-from jax_cluster.ragged_primitives import clamp_group_sizes, ragged
+from jax_cluster.ragged_primitives import ragged
 
 # (M, N, K) with M odd, for A stored [M,K]; odd_shape() moves the odd size to
 # K when A is stored [K,M], since TMA needs 16-byte leading dimensions.

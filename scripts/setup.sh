@@ -13,7 +13,8 @@ fi
 PY="$VENV/bin/python"
 "$PY" -m pip install -q --upgrade pip
 "$PY" -m pip install -q "jax>=0.11" numpy "nanobind>=2.0" "scikit-build-core>=0.10" \
-  "nvidia-cutlass==4.2.0.0" pytest nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm cmake ninja
+  "nvidia-cutlass==4.2.0.0" pytest nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm cmake ninja \
+  flax optax  # jax_cluster.nn, its tests and examples/train_block.py
 
 cuda=AUTO
 [ "${JAX_CLUSTER_REQUIRE_KERNELS:-0}" = 1 ] && cuda=ON

@@ -249,7 +249,8 @@ def spec(shape, dtype=jnp.bfloat16):
 
 
 @pytest.mark.parametrize("lhs,rhs,gs,kw,error,message", [
-    ((8, 4), (2, 4, 6), spec((2, 1), jnp.int32), {}, ValueError, "1-D array"),
+    ((8, 4), (2, 4, 6), spec((2, 1, 1), jnp.int32), {}, ValueError, r"\[G\] or \[S,G\]"),
+    ((9, 4), (2, 4, 6), spec((2, 2), jnp.int32), {}, ValueError, "multiple"),
     ((8, 4), (2, 4, 6), spec((2,), jnp.float32), {}, TypeError, "must be int32"),
     ((8, 4), (2, 4, 6), spec((2,), jnp.int16), {}, TypeError, "must be int32"),
     ((8, 4), (3, 4, 6), spec((2,), jnp.int32), {}, ValueError, "3 groups but group_sizes has 2"),

@@ -1,0 +1,135 @@
+"""Trains one small transformer block twice, on jax_cluster's layers and on
+Flax's own, from the same initial parameters and data, and compares the
+loss curves and step times.
+
+    python examples/train_block.py [--steps 200] [--dtype bfloat16|float32]
+
+The block: causal attention (plain jnp), a dense MLP (Linear + bias + gelu)
+and a mixture-of-experts MLP (top-2 of 4 experts), each behind a LayerNorm
+and a residual. The task is synthetic: recall the previous token, x[t-1].
+Exits non-zero if the two curves differ by more than the tolerance.
+"""
+import argparse
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax import lax
+
+from jax_cluster import nn as jcnn
+
+VOCAB, SEQ, BATCH, FEATURES, HEADS, HIDDEN, EXPERTS, TOP_K = 64, 32, 16, 64, 4, 128, 4, 2
+
+
+def products(kind):
+    """The layer class and products of each side: jax_cluster's or Flax/XLA's."""
+    if kind == "jax_cluster":
+        return jcnn.Linear, {}
+    return nnx.Linear, {"dot_general": lax.dot_general, "ragged_dot": lax.ragged_dot}
+
+
+class Block(nnx.Module):
+    def __init__(self, kind, dtype, rngs):
+        linear, moe_products = products(kind)
+        dense = lambda i, o: linear(i, o, dtype=dtype, rngs=rngs)  # noqa: E731
+        self.embed = nnx.Embed(VOCAB, FEATURES, rngs=rngs)
+        self.position = nnx.Embed(SEQ, FEATURES, rngs=rngs)
+        norm = lambda: nnx.LayerNorm(FEATURES, rngs=rngs)  # noqa: E731
+        self.norm_attn, self.norm_mlp, self.norm_moe, self.norm_out = norm(), norm(), norm(), norm()
+        self.qkv, self.attn_out = dense(FEATURES, 3 * FEATURES), dense(FEATURES, FEATURES)
+        self.mlp_in, self.mlp_out = dense(FEATURES, HIDDEN), dense(HIDDEN, FEATURES)
+        self.moe = jcnn.MoEMLP(FEATURES, HIDDEN, EXPERTS, TOP_K, dtype=dtype, rngs=rngs,
+                               **moe_products)
+        self.head = dense(FEATURES, VOCAB)
+
+    def attention(self, x):
+        q, k, v = jnp.split(self.qkv(x), 3, axis=-1)
+        heads = lambda t: t.reshape(*t.shape[:2], HEADS, -1)  # noqa: E731
+        scores = jnp.einsum("bqhd,bkhd->bhqk", heads(q), heads(k)) / (FEATURES // HEADS) ** 0.5
+        causal = jnp.tril(jnp.ones((x.shape[1], x.shape[1]), bool))
+        probs = jax.nn.softmax(jnp.where(causal, scores.astype(jnp.float32), -1e9), axis=-1)
+        mixed = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), heads(v))
+        return self.attn_out(mixed.reshape(x.shape))
+
+    def __call__(self, tokens):
+        x = self.embed(tokens) + self.position(jnp.arange(tokens.shape[1]))
+        x = x + self.attention(self.norm_attn(x))
+        x = x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.norm_mlp(x))))
+        x = x + self.moe(self.norm_moe(x))
+        return self.head(self.norm_out(x)).astype(jnp.float32)
+
+
+def batches(steps):
+    keys = jax.random.split(jax.random.key(42), steps)
+    for key in keys:
+        tokens = jax.random.randint(key, (BATCH, SEQ), 0, VOCAB)
+        yield tokens, jnp.roll(tokens, 1, axis=1)
+
+
+def train(kind, dtype, steps):
+    """(losses, seconds per step after the first) of one side."""
+    model = Block(kind, dtype, nnx.Rngs(0))
+    graph, params, rest = nnx.split(model, nnx.Param, ...)
+    optimizer = optax.adamw(3e-3)
+
+    def loss_fn(params, tokens, targets):
+        logits = nnx.merge(graph, params, rest)(tokens)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+
+    @jax.jit
+    def step(params, opt_state, tokens, targets):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, targets)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    opt_state = optimizer.init(params)
+    losses, start = [], None
+    for i, (tokens, targets) in enumerate(batches(steps)):
+        params, opt_state, loss = step(params, opt_state, tokens, targets)
+        losses.append(float(loss))  # waits for the step
+        if i == 0:
+            start = time.perf_counter()  # the first step compiles
+    per_step = (time.perf_counter() - start) / max(steps - 1, 1)
+    return losses, per_step, params
+
+
+def curve_difference(ours, theirs):
+    """The largest gap between two loss curves, relative to the first loss."""
+    if len(ours) != len(theirs) or not ours:
+        raise ValueError(f"curves of {len(ours)} and {len(theirs)} steps cannot be compared")
+    return max(abs(a - b) for a, b in zip(ours, theirs)) / abs(theirs[0])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--tolerance", type=float, default=None,
+                        help="max |loss difference| / first loss (default 3e-2 bf16, 1e-4 f32)")
+    args = parser.parse_args(argv)
+    dtype = jnp.dtype(args.dtype)
+    tolerance = args.tolerance
+    if tolerance is None:
+        tolerance = 3e-2 if args.dtype == "bfloat16" else 1e-4
+
+    ours, our_time, our_params = train("jax_cluster", dtype, args.steps)
+    theirs, their_time, their_params = train("flax", dtype, args.steps)
+    assert jax.tree.structure(our_params) == jax.tree.structure(their_params)
+
+    print(f"{jax.devices()[0].platform}, {args.dtype}, {args.steps} steps")
+    print(f"{'step':>6} {'jax_cluster':>12} {'flax':>12}")
+    for i in range(0, args.steps, max(args.steps // 10, 1)):
+        print(f"{i:>6} {ours[i]:>12.5f} {theirs[i]:>12.5f}")
+    print(f"{args.steps - 1:>6} {ours[-1]:>12.5f} {theirs[-1]:>12.5f}")
+    diff = curve_difference(ours, theirs)
+    print(f"max |loss difference| {diff * theirs[0]:.2e} ({diff:.2e} of the first loss, "
+          f"tolerance {tolerance:.0e})")
+    print(f"step time: jax_cluster {our_time * 1e3:.2f} ms, flax {their_time * 1e3:.2f} ms")
+    return 0 if diff <= tolerance else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""One device's GEMM with a concrete Plan: the primitives the partitioner
+lowers to, each shard with the plan of its own local shapes.
+
+`gemm_p` and `ragged_dot_p` (primitives.py, ragged_primitives.py) carry the
+rules users see (shapes, autodiff, vmap); their lowering goes through
+custom_partitioning (partition_gemm.py, partition_ragged.py), whose per-shard
+function binds these. The lowering is the FFI call of a kernel plan on CUDA,
+and XLA's own dot everywhere else.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
+from jax_cluster import _ffi
+from jax_cluster.plan import Plan
+
+gemm_local_p = Primitive("jax_cluster_gemm_local")
+ragged_local_p = Primitive("jax_cluster_ragged_dot_local")
+
+
+def gemm_dims(a_shape, b_shape, a_major, b_major):
+    """(batch, M, N, K of A, K of B) read from the operand shapes."""
+    a0, a1 = a_shape[-2:]
+    b0, b1 = b_shape[-2:]
+    m, ka = (a0, a1) if a_major == "k" else (a1, a0)
+    n, kb = (b0, b1) if b_major == "k" else (b1, b0)
+    return a_shape[:-2], m, n, ka, kb
+
+
+def lower_kernel_call(ctx, target, plan: Plan, *operands, **attrs):
+    """The FFI call of a kernel plan, for any of the package's targets; `attrs`
+    are the target's attributes besides the plan."""
+    out_aval = ctx.avals_out[0]
+    # Scratch comes from XLA as a second result, so the call stays graph-safe.
+    ws_aval = jax.core.ShapedArray((max(plan.workspace_bytes, 16),), np.uint8)
+    lowering = jax.ffi.ffi_lowering(target)
+    results = lowering(ctx.replace(avals_out=[out_aval, ws_aval]), *operands,
+                       plan=plan.ffi_attrs(), **attrs)
+    return results[:1]
+
+
+# --------------------------------------------------------------------------- dense
+
+
+def _gemm_abstract_eval(a, b, *, a_major, b_major, out_dtype, plan):
+    batch, m, n, _, _ = gemm_dims(a.shape, b.shape, a_major, b_major)
+    return jax.core.ShapedArray((*batch, m, n), out_dtype)
+
+
+def xla_gemm(a, b, *, a_major, b_major, out_dtype, plan):
+    """The portable path: XLA's own dot with the same layouts."""
+    nb = a.ndim - 2
+    batch = tuple(range(nb))
+    contract_a = nb + 1 if a_major == "k" else nb
+    contract_b = nb + 1 if b_major == "k" else nb
+    # fp32 accumulation like the kernels: asked for bf16, XLA turns degenerate
+    # dots (K=1, M=N=1) into bf16 multiply-reduces that lose ~1e-2.
+    out = lax.dot_general(a, b, (((contract_a,), (contract_b,)), (batch, batch)),
+                          preferred_element_type=jnp.float32)
+    return out.astype(out_dtype)
+
+
+def _gemm_cuda_lowering(ctx, a, b, *, a_major, b_major, out_dtype, plan: Plan):
+    if not (plan.uses_kernel and _ffi.register_targets()):
+        return mlir.lower_fun(functools.partial(
+            xla_gemm, a_major=a_major, b_major=b_major, out_dtype=out_dtype, plan=plan),
+            multiple_results=False)(ctx, a, b)
+    return lower_kernel_call(ctx, _ffi.GEMM_TARGET, plan, a, b)
+
+
+gemm_local_p.def_abstract_eval(_gemm_abstract_eval)
+mlir.register_lowering(gemm_local_p, mlir.lower_fun(xla_gemm, multiple_results=False))
+mlir.register_lowering(gemm_local_p, _gemm_cuda_lowering, platform="cuda")
+
+
+# --------------------------------------------------------------------------- grouped
+
+
+def clamp_group_sizes(group_sizes, rows):
+    """Sizes under the documented rule: a negative size counts as 0 and groups
+    are cut at `rows`, so group g covers [min(s_g, rows), min(s_g + size_g, rows))."""
+    if group_sizes.shape[0] == 0:
+        return group_sizes
+    sizes = jnp.clip(group_sizes, 0, rows)  # cutting each at `rows` first changes no end
+    # a running sum that saturates at `rows` never overflows int32, whatever G is
+    ends = lax.associative_scan(lambda x, y: jnp.minimum(x + y, rows), sizes)
+    return ends - jnp.concatenate([jnp.zeros((1,), ends.dtype), ends[:-1]])
+
+
+def gemm_view(a_shape, b_shape, problem, b_major, blocks=1) -> tuple[int, int, int]:
+    """(m, n, k) of one row block as the planner and the kernel see it."""
+    rows = a_shape[0] // blocks
+    if problem == "ragged_k":
+        return a_shape[1], b_shape[1], rows
+    n, k = (b_shape[2], b_shape[1]) if b_major == "n" else (b_shape[1], b_shape[2])
+    return rows, n, k
+
+
+def ragged_out_shape(a_shape, b_shape, groups, problem, b_major):
+    if problem == "ragged_k":
+        return groups, a_shape[1], b_shape[1]
+    return a_shape[0], (b_shape[2] if b_major == "n" else b_shape[1])
+
+
+def _ragged_abstract_eval(a, b, group_sizes, *, problem, b_major, out_dtype, plan):
+    shape = ragged_out_shape(a.shape, b.shape, group_sizes.shape[0], problem, b_major)
+    return jax.core.ShapedArray(shape, out_dtype)
+
+
+def xla_ragged(a, b, group_sizes, *, problem, b_major, out_dtype, plan):
+    """The portable path: lax.ragged_dot_general on the clamped sizes."""
+    out_shape = ragged_out_shape(a.shape, b.shape, group_sizes.shape[0], problem, b_major)
+    if group_sizes.shape[0] == 0:  # no groups: every row is past the last one
+        return jnp.zeros(out_shape, out_dtype)
+    sizes = clamp_group_sizes(group_sizes, a.shape[0])
+    if problem == "ragged_m":
+        contract_b = 1 if b_major == "n" else 2
+        dims = lax.RaggedDotDimensionNumbers((((1,), (contract_b,)), ((), ())),
+                                             lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
+    else:  # the rows are the contraction: a ragged contracting dimension
+        dims = lax.RaggedDotDimensionNumbers((((0,), (0,)), ((), ())),
+                                             lhs_ragged_dimensions=[0], rhs_group_dimensions=[])
+    # fp32 accumulation like the kernels
+    out = lax.ragged_dot_general(a, b, sizes, dims, preferred_element_type=jnp.float32)
+    return out.astype(out_dtype)
+
+
+def _ragged_cuda_lowering(ctx, a, b, group_sizes, *, problem, b_major, out_dtype, plan: Plan):
+    if not (plan.uses_kernel and _ffi.register_targets()):
+        return mlir.lower_fun(functools.partial(
+            xla_ragged, problem=problem, b_major=b_major, out_dtype=out_dtype, plan=plan),
+            multiple_results=False)(ctx, a, b, group_sizes)
+    # the raw sizes go to the kernel, which applies the same clamping rule itself
+    return lower_kernel_call(ctx, _ffi.RAGGED_TARGET, plan, a, b, group_sizes)
+
+
+ragged_local_p.def_abstract_eval(_ragged_abstract_eval)
+mlir.register_lowering(ragged_local_p, mlir.lower_fun(xla_ragged, multiple_results=False))
+mlir.register_lowering(ragged_local_p, _ragged_cuda_lowering, platform="cuda")

@@ -1,0 +1,13 @@
+"""Flax layers on jax_cluster's kernels (needs flax: `pip install jax_cluster[nn]`).
+
+`Linear` (nnx) and `Dense` (linen) are Flax's own layers with
+`jax_cluster.dot_general` injected, so parameters, initialisers and
+checkpoints are Flax's. `GroupedLinear` holds G expert kernels [G,K,N] and
+applies them with `jax_cluster.ragged_dot`; `MoEMLP` routes tokens to them.
+"""
+from jax_cluster.nn.dense import Dense
+from jax_cluster.nn.grouped import GroupedLinear
+from jax_cluster.nn.linear import Linear
+from jax_cluster.nn.moe import MoEMLP, route
+
+__all__ = ["Dense", "GroupedLinear", "Linear", "MoEMLP", "route"]

@@ -1,0 +1,40 @@
+"""GroupedLinear: one linear map per group (expert), applied with ragged_dot."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jax_cluster.ragged import ragged_dot as cluster_ragged_dot
+
+
+class GroupedLinear(nnx.Module):
+    """G bias-free linear maps: rows of x [M, in], sorted by group, are
+    multiplied by their group's kernel.
+
+    `kernel` is [G, in, out]: a stack of G `nnx.Linear` kernels, each drawn
+    by `kernel_init` (nnx.Linear's default) from its own key, so expert g
+    initialises like a Linear(in, out) would. `group_sizes` is int32 [G], or
+    [S, G] for S row blocks routed separately (see `jax_cluster.ragged_dot`).
+    `ragged_dot=` swaps the product (e.g. `jax.lax.ragged_dot` as a reference,
+    which takes [G] sizes only).
+    """
+
+    def __init__(self, num_groups: int, in_features: int, out_features: int, *,
+                 dtype=None, param_dtype=jnp.float32, preferred_element_type=None,
+                 kernel_init=nnx.initializers.lecun_normal(), ragged_dot=cluster_ragged_dot,
+                 rngs: nnx.Rngs):
+        keys = jax.random.split(rngs.params(), num_groups)
+        self.kernel = nnx.Param(jax.vmap(
+            lambda key: kernel_init(key, (in_features, out_features), param_dtype))(keys))
+        self.num_groups, self.in_features, self.out_features = num_groups, in_features, out_features
+        self.dtype, self.param_dtype = dtype, param_dtype
+        self.preferred_element_type = preferred_element_type
+        self.ragged_dot = ragged_dot
+
+    def __call__(self, x, group_sizes):
+        kernel = self.kernel[...]
+        # nnx.Linear's promotion: the given dtype, else the inputs' common type
+        dtype = self.dtype or jnp.result_type(x, kernel)
+        return self.ragged_dot(x.astype(dtype), kernel.astype(dtype), group_sizes,
+                               preferred_element_type=self.preferred_element_type)

@@ -1,0 +1,85 @@
+"""A mixture-of-experts MLP: top-k routing, tokens sorted by expert, three
+grouped products (gate, up, down), then unsorted and combined."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jax_cluster.api import dot_general as cluster_dot_general
+from jax_cluster.nn.grouped import GroupedLinear
+from jax_cluster.nn.linear import Linear
+from jax_cluster.ragged import ragged_dot as cluster_ragged_dot
+
+
+def route(logits, top_k: int):
+    """Top-k routing of tokens by their router logits [T, E].
+
+    Returns (order, weights, group_sizes): `order` [T*top_k] lists the
+    (token, slot) pairs, flattened as token*top_k + slot, sorted by expert;
+    `weights` [T*top_k] are the softmax over each token's top_k logits in the
+    same flattened order; `group_sizes` int32 [E] counts each expert's rows.
+    """
+    num_experts = logits.shape[-1]
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"route: top_k must be in [1, {num_experts}], got {top_k}")
+    # a stable sort, not lax.top_k: XLA's TopK custom call gathers a sharded
+    # token axis; the sort partitions along it and breaks ties the same way
+    experts = jnp.argsort(-logits, axis=-1, stable=True)[..., :top_k]
+    top_logits = jnp.take_along_axis(logits, experts, axis=-1)
+    weights = jax.nn.softmax(top_logits.astype(jnp.float32), axis=-1).reshape(-1)
+    experts = experts.reshape(-1)
+    order = jnp.argsort(experts, stable=True)
+    group_sizes = jnp.bincount(experts, length=num_experts).astype(jnp.int32)
+    return order, weights, group_sizes
+
+
+class MoEMLP(nnx.Module):
+    """y = sum over a token's top_k experts e of w_e * down_e(act(gate_e(x)) * up_e(x)).
+
+    `token_blocks` S > 1 routes each of S equal blocks of tokens on its own
+    and passes [S, E] group sizes: with the tokens sharded S ways, every
+    device sorts and multiplies only its own tokens (data parallel). The
+    router is a bias-free Linear; `dot_general=` and `ragged_dot=` swap the
+    products (Flax's and XLA's own give a reference; lax.ragged_dot needs
+    token_blocks=1).
+    """
+
+    def __init__(self, features: int, hidden: int, num_experts: int, top_k: int, *,
+                 token_blocks: int = 1, activation=nnx.silu, dtype=None,
+                 param_dtype=jnp.float32, dot_general=cluster_dot_general,
+                 ragged_dot=cluster_ragged_dot, rngs: nnx.Rngs):
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"MoEMLP: top_k must be in [1, {num_experts}], got {top_k}")
+        self.top_k, self.token_blocks, self.activation = top_k, token_blocks, activation
+        self.router = Linear(features, num_experts, use_bias=False, dtype=dtype,
+                             param_dtype=param_dtype, dot_general=dot_general, rngs=rngs)
+        grouped = functools.partial(GroupedLinear, num_experts, dtype=dtype,
+                                    param_dtype=param_dtype, ragged_dot=ragged_dot, rngs=rngs)
+        self.gate = grouped(features, hidden)
+        self.up = grouped(features, hidden)
+        self.down = grouped(hidden, features)
+
+    def __call__(self, x):
+        features = x.shape[-1]
+        tokens = x.reshape(-1, features)
+        blocks = self.token_blocks
+        if tokens.shape[0] % blocks:
+            raise ValueError(f"MoEMLP: {tokens.shape[0]} tokens do not split into "
+                             f"{blocks} token_blocks")
+        per_block = tokens.shape[0] // blocks
+        logits = self.router(tokens).reshape(blocks, per_block, -1)
+        order, weights, sizes = jax.vmap(functools.partial(route, top_k=self.top_k))(logits)
+        by_block = tokens.reshape(blocks, per_block, features)
+        rows = jnp.take_along_axis(by_block, (order // self.top_k)[..., None], axis=1)
+        rows = rows.reshape(-1, features)                      # [S*T*top_k, D], sorted
+        sizes = sizes if blocks > 1 else sizes[0]
+        hidden = self.activation(self.gate(rows, sizes)) * self.up(rows, sizes)
+        out = self.down(hidden, sizes).reshape(blocks, per_block * self.top_k, features)
+        # back to (token, slot) order, then each token's weighted sum over its slots
+        unsorted = jnp.take_along_axis(out, jnp.argsort(order, axis=-1)[..., None], axis=1)
+        combined = (unsorted.reshape(blocks, per_block, self.top_k, features)
+                    * weights.reshape(blocks, per_block, self.top_k, 1).astype(out.dtype)).sum(2)
+        return combined.reshape(x.shape)
