@@ -4,7 +4,8 @@ loss curves and step times.
 
     python examples/train_block.py [--steps 200] [--dtype bfloat16|float32]
 
-The block: causal attention (plain jnp), a dense MLP (Linear + bias + gelu)
+The block: causal attention (plain jnp), a dense MLP (Linear + bias + gelu,
+one fused kernel on jax_cluster's side)
 and a mixture-of-experts MLP (top-2 of 4 experts), each behind a LayerNorm
 and a residual. The task is synthetic: recall the previous token, x[t-1].
 Exits non-zero if the two curves differ by more than the tolerance.
@@ -40,7 +41,13 @@ class Block(nnx.Module):
         norm = lambda: nnx.LayerNorm(FEATURES, rngs=rngs)  # noqa: E731
         self.norm_attn, self.norm_mlp, self.norm_moe, self.norm_out = norm(), norm(), norm(), norm()
         self.qkv, self.attn_out = dense(FEATURES, 3 * FEATURES), dense(FEATURES, FEATURES)
-        self.mlp_in, self.mlp_out = dense(FEATURES, HIDDEN), dense(HIDDEN, FEATURES)
+        # jax_cluster fuses the bias and gelu into the first MLP GEMM's epilogue
+        if kind == "jax_cluster":
+            self.mlp_in = linear(FEATURES, HIDDEN, activation="gelu", dtype=dtype, rngs=rngs)
+            self.mlp_act = lambda h: h
+        else:
+            self.mlp_in, self.mlp_act = dense(FEATURES, HIDDEN), jax.nn.gelu
+        self.mlp_out = dense(HIDDEN, FEATURES)
         self.moe = jcnn.MoEMLP(FEATURES, HIDDEN, EXPERTS, TOP_K, dtype=dtype, rngs=rngs,
                                **moe_products)
         self.head = dense(FEATURES, VOCAB)
@@ -57,7 +64,7 @@ class Block(nnx.Module):
     def __call__(self, tokens):
         x = self.embed(tokens) + self.position(jnp.arange(tokens.shape[1]))
         x = x + self.attention(self.norm_attn(x))
-        x = x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.norm_mlp(x))))
+        x = x + self.mlp_out(self.mlp_act(self.mlp_in(self.norm_mlp(x))))
         x = x + self.moe(self.norm_moe(x))
         return self.head(self.norm_out(x)).astype(jnp.float32)
 

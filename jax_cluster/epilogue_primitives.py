@@ -4,8 +4,10 @@ A is [M,K]; B is [K,N] ("n") or [N,K] ("k"), read in place; bias is [N] and
 C is [M,N], both in D's dtype, and either may be absent (a zero-size
 placeholder, which is what the FFI handler reads as "none"). The activation
 is picked at run time by the kernel ("bias_act" menu rows), so every
-activation shares one compiled variant. Autodiff lives one level up
-(`jax_cluster.linear`), which saves the pre-activation for the backward pass.
+activation shares one compiled variant. The lowering goes through
+custom_partitioning (partition_epilogue.py) to the one-device primitive
+(local_primitives.py). Autodiff lives one level up (`jax_cluster.linear`),
+which saves the pre-activation for the backward pass.
 """
 from __future__ import annotations
 
@@ -18,30 +20,13 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
-from jax_cluster import _ffi
+from jax_cluster.local_primitives import ACTIVATIONS, activation_fn
+from jax_cluster.partition_epilogue import sharded_epilogue
+from jax_cluster.partition_specs import lowers_through_custom_partitioning
 from jax_cluster.plan import Plan, dtype_name, plan_gemm
-from jax_cluster.local_primitives import lower_kernel_call
 from jax_cluster.primitives import check_dtypes
 
-# The kernel's codes (cc/common/gemm_problem.h, Activation) and XLA's twins.
-ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2, "gelu_exact": 3, "silu": 4}
-_XLA_ACTIVATIONS = {
-    "none": lambda x: x,
-    "relu": jax.nn.relu,
-    "gelu": functools.partial(jax.nn.gelu, approximate=True),
-    "gelu_exact": functools.partial(jax.nn.gelu, approximate=False),
-    "silu": jax.nn.silu,
-}
-
 gemm_epilogue_p = Primitive("jax_cluster_gemm_epilogue")
-
-
-def activation_fn(name: str):
-    """The activation as jnp code: the fallback's, and the one autodiff differentiates."""
-    if name not in _XLA_ACTIVATIONS:
-        raise ValueError(f"jax_cluster: unknown activation {name!r}; choose from "
-                         f"{sorted(_XLA_ACTIVATIONS)}")
-    return _XLA_ACTIVATIONS[name]
 
 
 def _check(a, b, bias, c, *, b_major, out_dtype):
@@ -65,42 +50,28 @@ def _abstract_eval(a, b, bias, c, *, b_major, out_dtype, alpha, beta, activation
                                 out_dtype)
 
 
-def _xla_epilogue(a, b, bias, c, *, b_major, out_dtype, alpha, beta, activation, plan):
-    """The portable path: the same formula on XLA's dot, in float32."""
-    contract_b = 0 if b_major == "n" else 1
-    z = alpha * lax.dot_general(a, b, (((1,), (contract_b,)), ((), ())),
-                                preferred_element_type=jnp.float32)
-    if c.size:
-        z = z + beta * c.astype(jnp.float32)
-    if bias.size:
-        z = z + bias.astype(jnp.float32)
-    return activation_fn(activation)(z).astype(out_dtype)
-
-
-def _cuda_lowering(ctx, a, b, bias, c, *, b_major, out_dtype, alpha, beta, activation,
-                   plan: Plan):
-    if not (plan.uses_kernel and _ffi.register_targets()):
-        return mlir.lower_fun(functools.partial(
-            _xla_epilogue, b_major=b_major, out_dtype=out_dtype, alpha=alpha, beta=beta,
-            activation=activation, plan=plan), multiple_results=False)(ctx, a, b, bias, c)
-    return lower_kernel_call(ctx, _ffi.GEMM_EPILOGUE_TARGET, plan, a, b, bias, c,
-                             alpha=np.float32(alpha), beta=np.float32(beta),
-                             activation=np.int32(ACTIVATIONS[activation]))
+def _lowering(ctx, a, b, bias, c, *, b_major, out_dtype, alpha, beta, activation, plan):
+    """Through custom_partitioning, so a sharded call runs one planned kernel per shard."""
+    return mlir.lower_fun(
+        lambda a, b, bias, c: sharded_epilogue(a, b, bias, c, b_major, np.dtype(out_dtype),
+                                               alpha, beta, activation, plan),
+        multiple_results=False)(ctx, a, b, bias, c)
 
 
 gemm_epilogue_p.def_impl(functools.partial(
     jax.jit, static_argnames=("b_major", "out_dtype", "alpha", "beta", "activation", "plan"))(
     lambda a, b, bias, c, **params: gemm_epilogue_p.bind(a, b, bias, c, **params)))
 gemm_epilogue_p.def_abstract_eval(_abstract_eval)
-mlir.register_lowering(gemm_epilogue_p, mlir.lower_fun(_xla_epilogue, multiple_results=False))
-mlir.register_lowering(gemm_epilogue_p, _cuda_lowering, platform="cuda")
+mlir.register_lowering(gemm_epilogue_p, _lowering)
+lowers_through_custom_partitioning(gemm_epilogue_p)
 
 
 def gemm_epilogue(a, b, bias=None, c=None, *, b_major="n", out_dtype=None, alpha=1.0,
                   beta=0.0, activation="none", plan: Plan | None = None, device=None):
     """Binds gemm_epilogue_p, planning the call if no plan is given."""
     out_dtype = np.dtype(out_dtype if out_dtype is not None else a.dtype)
-    activation_fn(activation)  # a clear error for an unknown name, at trace time
+    if activation not in ACTIVATIONS:  # a clear error at trace time, not a lowering failure
+        activation_fn(activation)
     if c is None and beta != 0:
         raise ValueError("jax_cluster linear: beta is not 0 but there is no residual")
     empty = jnp.zeros((0,), out_dtype)

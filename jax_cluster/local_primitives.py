@@ -22,6 +22,7 @@ from jax_cluster import _ffi
 from jax_cluster.plan import Plan
 
 gemm_local_p = Primitive("jax_cluster_gemm_local")
+epilogue_local_p = Primitive("jax_cluster_gemm_epilogue_local")
 ragged_local_p = Primitive("jax_cluster_ragged_dot_local")
 
 
@@ -78,6 +79,67 @@ def _gemm_cuda_lowering(ctx, a, b, *, a_major, b_major, out_dtype, plan: Plan):
 gemm_local_p.def_abstract_eval(_gemm_abstract_eval)
 mlir.register_lowering(gemm_local_p, mlir.lower_fun(xla_gemm, multiple_results=False))
 mlir.register_lowering(gemm_local_p, _gemm_cuda_lowering, platform="cuda")
+
+
+# --------------------------------------------------------------------------- fused epilogue
+
+# The kernel's activation codes (cc/common/gemm_problem.h, Activation) and XLA's twins.
+ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2, "gelu_exact": 3, "silu": 4}
+_XLA_ACTIVATIONS = {
+    "none": lambda x: x,
+    "relu": jax.nn.relu,
+    "gelu": functools.partial(jax.nn.gelu, approximate=True),
+    "gelu_exact": functools.partial(jax.nn.gelu, approximate=False),
+    "silu": jax.nn.silu,
+}
+
+
+def activation_fn(name: str):
+    """The activation as jnp code: the fallback's, and the one autodiff differentiates."""
+    if name not in _XLA_ACTIVATIONS:
+        raise ValueError(f"jax_cluster: unknown activation {name!r}; choose from "
+                         f"{sorted(_XLA_ACTIVATIONS)}")
+    return _XLA_ACTIVATIONS[name]
+
+
+def apply_epilogue(z, bias, c, *, alpha, beta, activation, out_dtype):
+    """act(alpha * z + beta * C + bias) in float32 from a float32 product z;
+    an empty bias or C is absent."""
+    z = alpha * z
+    if c.size:
+        z = z + beta * c.astype(jnp.float32)
+    if bias.size:
+        z = z + bias.astype(jnp.float32)
+    return activation_fn(activation)(z).astype(out_dtype)
+
+
+def _epilogue_abstract_eval(a, b, bias, c, *, b_major, out_dtype, alpha, beta, activation, plan):
+    n = b.shape[1] if b_major == "n" else b.shape[0]
+    return jax.core.ShapedArray((a.shape[0], n), out_dtype)
+
+
+def xla_epilogue(a, b, bias, c, *, b_major, out_dtype, alpha, beta, activation, plan):
+    """The portable path: the same formula on XLA's dot."""
+    z = xla_gemm(a, b, a_major="k", b_major=b_major, out_dtype=np.float32, plan=plan)
+    return apply_epilogue(z, bias, c, alpha=alpha, beta=beta, activation=activation,
+                          out_dtype=out_dtype)
+
+
+def _epilogue_cuda_lowering(ctx, a, b, bias, c, *, b_major, out_dtype, alpha, beta, activation,
+                            plan: Plan):
+    params = dict(b_major=b_major, out_dtype=out_dtype, alpha=alpha, beta=beta,
+                  activation=activation, plan=plan)
+    if not (plan.uses_kernel and _ffi.register_targets()):
+        return mlir.lower_fun(functools.partial(xla_epilogue, **params),
+                              multiple_results=False)(ctx, a, b, bias, c)
+    return lower_kernel_call(ctx, _ffi.GEMM_EPILOGUE_TARGET, plan, a, b, bias, c,
+                             alpha=np.float32(alpha), beta=np.float32(beta),
+                             activation=np.int32(ACTIVATIONS[activation]))
+
+
+epilogue_local_p.def_abstract_eval(_epilogue_abstract_eval)
+mlir.register_lowering(epilogue_local_p, mlir.lower_fun(xla_epilogue, multiple_results=False))
+mlir.register_lowering(epilogue_local_p, _epilogue_cuda_lowering, platform="cuda")
 
 
 # --------------------------------------------------------------------------- grouped

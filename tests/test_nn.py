@@ -1,4 +1,6 @@
 """The Flax layers against Flax's own, on the same parameters (CPU: the fallback)."""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,12 +12,14 @@ from flax import linen, nnx  # noqa: E402
 
 import jax_cluster  # noqa: E402
 from jax_cluster import nn as jcnn  # noqa: E402
+from jax_cluster.epilogue_primitives import gemm_epilogue_p  # noqa: E402
 from jax_cluster.primitives import gemm_p  # noqa: E402
 from jax_cluster.ragged_primitives import ragged_dot_p  # noqa: E402
 
 
 def uses(fn, primitive, *args):
-    return primitive.name in str(jax.make_jaxpr(fn)(*args))
+    """Whether the jaxpr binds exactly this primitive (not one whose name extends it)."""
+    return re.search(rf"\b{primitive.name}\[", str(jax.make_jaxpr(fn)(*args))) is not None
 
 
 def assert_trees_close(x, y, tol):
@@ -31,7 +35,7 @@ def test_linear_matches_nnx_linear_and_its_grads(use_bias):
     x = jax.random.normal(jax.random.key(1), (3, 5, 24))
     # same constructor, same keys: the same parameters, under the same names
     assert_trees_close(nnx.state(ours), nnx.state(flaxs), 0)
-    assert uses(lambda x: ours(x), gemm_p, x)
+    assert uses(lambda x: ours(x), gemm_epilogue_p, x)  # product and bias in one kernel
     np.testing.assert_allclose(ours(x), flaxs(x), rtol=1e-5, atol=1e-5)
 
     def loss(model, x):
@@ -95,7 +99,8 @@ def test_linen_dense_matches_flax(layer):
     x = jax.random.normal(jax.random.key(0), (2, 3, 20))
     params = linen.Dense(12).init(jax.random.key(1), x)
     assert jax.tree.structure(dense.init(jax.random.key(1), x)) == jax.tree.structure(params)
-    assert uses(lambda x: dense.apply(params, x), gemm_p, x)
+    fused = gemm_epilogue_p if layer == "ours" else gemm_p
+    assert uses(lambda x: dense.apply(params, x), fused, x)
     np.testing.assert_allclose(dense.apply(params, x), linen.Dense(12).apply(params, x),
                                rtol=1e-5, atol=1e-5)
     g = jax.grad(lambda p: dense.apply(p, x).sum())(params)
@@ -178,3 +183,21 @@ def test_grouped_linear_dtypes(dtype, param_dtype):
     assert y.dtype == want.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(want, np.float32),
                                rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "silu"])
+def test_fused_activation_matches_flax_then_activation(activation):
+    act = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "silu": jax.nn.silu}[activation]
+    x = jax.random.normal(jax.random.key(7), (4, 6, 16))
+    ours = jcnn.Linear(16, 24, activation=activation, rngs=nnx.Rngs(0))
+    flaxs = nnx.Linear(16, 24, rngs=nnx.Rngs(0))
+    np.testing.assert_allclose(ours(x), act(flaxs(x)), rtol=1e-5, atol=1e-5)
+    g = nnx.grad(lambda m: (m(x) ** 2).sum())(ours)
+    g_ref = nnx.grad(lambda m: (act(m(x)) ** 2).sum())(flaxs)
+    assert_trees_close(g, g_ref, 1e-4)
+    dense = jcnn.Dense(24, activation=activation)
+    params = linen.Dense(24).init(jax.random.key(1), x)
+    np.testing.assert_allclose(dense.apply(params, x), act(linen.Dense(24).apply(params, x)),
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="unknown activation"):
+        jcnn.Linear(16, 24, activation="tanh", rngs=nnx.Rngs(0))

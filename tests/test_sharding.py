@@ -274,6 +274,49 @@ def test_ragged_expert_mlp_data_and_tensor_parallel(mesh, layout):
     assert "all-gather" not in compiled_text(jax.jit(jax.grad(loss(mlp), (0, 1, 2))), *args)
 
 
+# --------------------------------------------------------------------------- fused epilogue
+
+# (x spec, w spec, bias spec, residual spec, output spec, all-reduce expected):
+# gelu(x [64,128] @ w [128,32] + bias [32] + residual [64,32])
+LINEAR_CASES = {
+    "m": (P("x", None), P(), P(), P("x", None), P("x", None), False),
+    "n": (P(), P(None, "y"), P("y"), P(None, "y"), P(None, "y"), False),
+    "m_and_n": (P("x", None), P(None, "y"), P("y"), P("x", "y"), P("x", "y"), False),
+    "k": (P(None, "y"), P("y", None), P(), P(), P(), True),
+}
+
+
+@needs_8
+@pytest.mark.parametrize("case", LINEAR_CASES)
+def test_linear_runs_fused_kernels_per_shard(mesh, case):
+    sx, sw, sb, sr, so, reduces = LINEAR_CASES[case]
+    x, w, b, r = randn(20, (64, 128)), randn(21, (128, 32)), randn(22, (32,)), randn(23, (64, 32))
+    args = [put(mesh, v, s) for v, s in ((x, sx), (w, sw), (b, sb), (r, sr))]
+    f = jax.jit(lambda x, w, b, r: jax_cluster.linear(x, w, b, residual=r, activation="gelu"))
+    out = f(*args)
+    assert_sharded(out, mesh, so)
+    ref = jax.nn.gelu(jnp.matmul(x, w, precision="highest") + b + r)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
+    hlo = compiled_text(f, *args)
+    assert "all-gather" not in hlo
+    assert ("all-reduce" in hlo) == reduces
+
+
+@needs_8
+def test_linear_data_parallel_grads_reduce_only_weights(mesh):
+    x, w, b = randn(24, (64, 16)), randn(25, (16, 32)), randn(26, (32,))
+    X = put(mesh, x, P(("x", "y")))
+    loss = lambda x, w, b: jnp.sum(jax_cluster.linear(x, w, b, activation="silu") ** 2)  # noqa: E731
+    f = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    dx, dw, db = f(X, w, b)
+    assert_sharded(dx, mesh, P(("x", "y")))
+    want = jax.grad(lambda x, w, b: jnp.sum(jax.nn.silu(
+        jnp.matmul(x, w, precision="highest") + b) ** 2), argnums=(0, 1, 2))(x, w, b)
+    for got, ref in zip((dx, dw, db), want):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    assert "all-gather" not in compiled_text(f, X, w, b)
+
+
 # --------------------------------------------------------------------------- layers
 
 

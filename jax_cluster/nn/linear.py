@@ -1,18 +1,37 @@
-"""nnx.Linear computing through jax_cluster.dot_general."""
+"""nnx.Linear on jax_cluster: the product and the bias (and an optional
+activation) in one fused kernel."""
 from __future__ import annotations
 
 from flax import nnx
 
 from jax_cluster.api import dot_general as cluster_dot_general
+from jax_cluster.linear import linear
+from jax_cluster.local_primitives import activation_fn
 
 
 class Linear(nnx.Linear):
     """Drop-in for `flax.nnx.Linear`: the same arguments, parameters
     (`kernel` [in, out], `bias` [out]), initialisers and dtype promotion, so
-    state dicts interchange both ways. Only the default `dot_general` differs:
-    the product runs on jax_cluster's kernel (XLA's dot where none applies).
+    state dicts interchange both ways.
+
+    With the default `dot_general`, the product, the bias and `activation`
+    ("none", "relu", "gelu", "gelu_exact", "silu"; not a Flax argument) run as
+    one `jax_cluster.linear` kernel with a fused epilogue. Any other
+    `dot_general`, an `out_sharding` or a `preferred_element_type` takes
+    Flax's own path (the activation then runs after it).
     """
 
-    def __init__(self, in_features: int, out_features: int, *,
+    def __init__(self, in_features: int, out_features: int, *, activation: str = "none",
                  dot_general=cluster_dot_general, **kwargs):
+        activation_fn(activation)  # an unknown name fails here, not at the first call
         super().__init__(in_features, out_features, dot_general=dot_general, **kwargs)
+        self.activation = activation
+
+    def __call__(self, inputs, out_sharding=None):
+        if (self.dot_general is not cluster_dot_general or out_sharding is not None
+                or getattr(self, "preferred_element_type", None) is not None):
+            return activation_fn(self.activation)(super().__call__(inputs, out_sharding=out_sharding))
+        kernel = self.kernel[...]
+        bias = self.bias[...] if self.bias is not None else None
+        inputs, kernel, bias = self.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
+        return linear(inputs, kernel, bias, activation=self.activation)
