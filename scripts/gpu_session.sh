@@ -47,6 +47,8 @@ for part in ${STEPS:-tests bench grid}; do
            "$PY" benchmarks/bench_planner.py --out "$OUT" 2>&1 | tee "$OUT/planner.log" | tail -25 ;;
     sched) step "schedules at boundary tile counts"
            "$PY" benchmarks/bench_schedules.py --out "$OUT" 2>&1 | tee "$OUT/sched.log" ;;
+    layers) step "Flax layers against Flax's own (forward + backward)"
+           "$PY" benchmarks/bench_layers.py --out "$OUT" ${LAYERS_ARGS:-} 2>&1 | tee "$OUT/layers.log" ;;
     ragged) step "ragged_dot benchmark"
            "$PY" benchmarks/bench_ragged.py --out "$OUT" ${RAGGED_ARGS:-} 2>&1 | tee "$OUT/ragged.log" ;;
     train) step "examples: train_block (jax_cluster vs flax) and expert_parallel"

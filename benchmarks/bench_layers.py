@@ -1,0 +1,170 @@
+"""Layer-level forward + backward: jax_cluster's Flax layers against Flax's own.
+
+Both sides get the same parameters and inputs in one process on one GPU; a
+step is the gradient of a scalar loss with respect to the inputs and every
+parameter (so one forward and the whole backward), timed as device time
+(CUPTI) with inputs rotated past L2, else wall time (recorded per row).
+  dense: Linear(D -> 4D) with bias and gelu, fused into the GEMM's epilogue
+         on jax_cluster's side; Flax runs nnx.Linear then jax.nn.gelu.
+  moe:   MoEMLP(D, H, E experts, top-k): grouped GEMMs (ragged_dot) on
+         jax_cluster's side, XLA's lax.ragged_dot on Flax's.
+Targets (issue 6): >= 1.0x for dense layers, >= 3x for MoE layers.
+
+    python benchmarks/bench_layers.py --out benchmarks/results/h200 [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import common  # noqa: E402
+from jax_cluster import _timing  # noqa: E402
+from jax_cluster import nn as jcnn  # noqa: E402
+
+DENSE = [(8192, 4096), (16384, 4096), (4096, 8192), (2048, 2048)]    # tokens, D (-> 4D)
+MOE = [(16384, 2048, 1408, 64, 6), (8192, 4096, 14336, 8, 2), (32768, 1024, 512, 256, 8)]
+TARGETS = {"dense": 1.0, "moe": 3.0}
+DTYPE = jnp.bfloat16
+
+
+def dense_pair(d, rngs_seed=0):
+    ours = jcnn.Linear(d, 4 * d, activation="gelu", dtype=DTYPE, param_dtype=DTYPE,
+                       rngs=nnx.Rngs(rngs_seed))
+    flaxs = nnx.Linear(d, 4 * d, dtype=DTYPE, param_dtype=DTYPE, rngs=nnx.Rngs(rngs_seed))
+    return (ours, lambda m, x: m(x)), (flaxs, lambda m, x: jax.nn.gelu(m(x)))
+
+
+def moe_pair(d, h, e, k, rngs_seed=0):
+    kw = dict(dtype=DTYPE, param_dtype=DTYPE, rngs=nnx.Rngs(rngs_seed))
+    ours = jcnn.MoEMLP(d, h, e, k, **kw)
+    kw["rngs"] = nnx.Rngs(rngs_seed)
+    flaxs = jcnn.MoEMLP(d, h, e, k, dot_general=lax.dot_general, ragged_dot=lax.ragged_dot, **kw)
+    call = lambda m, x: m(x)  # noqa: E731
+    return (ours, call), (flaxs, call)
+
+
+def step_fn(model, call):
+    """jit-able (state, x) -> grads of sum(out^2) w.r.t. x and every parameter."""
+    graph, state = nnx.split(model)
+
+    def loss(state, x):
+        out = call(nnx.merge(graph, state), x)
+        return jnp.sum(out.astype(jnp.float32) ** 2)
+
+    return jax.grad(loss, argnums=(0, 1)), state
+
+
+def time_step(step, state, inputs, iterations):
+    fn = lambda state, x: step(state, x)  # noqa: E731
+    args = [(state, x) for x in inputs]
+    try:
+        return _timing.cupti_ms(fn, args, iterations), "cupti"
+    except Exception:  # no CUPTI here: wall time, host overhead included
+        return _timing.wall_ms(fn, args, iterations), "wall"
+
+
+def flops_dense(t, d):
+    return 3 * 2 * t * d * 4 * d  # forward + two backward GEMMs
+
+
+def flops_moe(t, d, h, e, k):
+    return 3 * 3 * 2 * t * k * d * h  # gate, up, down; forward + two backward each
+
+
+def bench(kind, shape, iterations):
+    key = jax.random.key(0)
+    if kind == "dense":
+        t, d = shape
+        pair, flops, width = dense_pair(d), flops_dense(t, d), d
+    else:
+        t, d, h, e, k = shape
+        pair, flops, width = moe_pair(d, h, e, k), flops_moe(t, d, h, e, k), d
+    sets = _timing.rotation(t * width * 2)
+    inputs = [common.randn(sub, (t, width), DTYPE) for sub in jax.random.split(key, sets)]
+    row = {"layer": kind, "shape": list(shape), "flops": flops}
+    outs = {}
+    for side, (model, call) in zip(("jax_cluster", "flax"), pair):
+        step, state = step_fn(model, call)
+        jitted = jax.jit(step)
+        outs[side] = jax.device_get(jitted(state, inputs[0]))
+        ms, timer = time_step(step, state, inputs, iterations)
+        row[side] = {"ms": ms, "tflops": flops / ms / 1e9, "timer": timer}
+    ref, got = outs["flax"], outs["jax_cluster"]
+    errs = [float(jnp.linalg.norm(jnp.asarray(a, jnp.float32) - jnp.asarray(b, jnp.float32))
+                  / max(float(jnp.linalg.norm(jnp.asarray(b, jnp.float32))), 1e-30))
+            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref))]
+    row["max_rel_err_vs_flax"] = max(errs)
+    row["speedup"] = row["flax"]["ms"] / row["jax_cluster"]["ms"]
+    row["meets_target"] = row["speedup"] >= TARGETS[kind]
+    return row
+
+
+def plot(payload, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = payload["rows"]
+    labels = [f"{r['layer']} {'x'.join(map(str, r['shape']))}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4))
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r["flax"]["tflops"] for r in rows], 0.4, label="Flax / XLA")
+    ax.bar([x + 0.2 for x in xs], [r["jax_cluster"]["tflops"] for r in rows], 0.4,
+           label="jax_cluster")
+    for x, r in zip(xs, rows):
+        ax.text(x + 0.2, r["jax_cluster"]["tflops"], f"{r['speedup']:.2f}x", ha="center",
+                va="bottom", fontsize=8)
+    ax.set_xticks(list(xs), labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("TFLOP/s (forward + backward)")
+    ax.set_title(f"Flax layers, {payload['device']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_if_possible(payload, path):
+    try:
+        plot(payload, path)
+    except ImportError as e:  # the JSON is the record; the PNG needs the bench extra
+        print(f"no plot ({e})")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=pathlib.Path, default=None)
+    parser.add_argument("--quick", action="store_true", help="one small shape of each layer")
+    parser.add_argument("--iterations", type=int, default=10)
+    args = parser.parse_args(argv)
+    cases = [("dense", (1024, 256)), ("moe", (2048, 256, 128, 8, 2))] if args.quick else (
+        [("dense", s) for s in DENSE] + [("moe", s) for s in MOE])
+    device = common.device_name()
+    out_dir = args.out or pathlib.Path(__file__).parent / "results" / device.lower().replace(" ", "_")
+    payload = {"device": device, "jax_version": jax.__version__, "dtype": "bfloat16",
+               "notes": ["step = grad of sum(out^2) w.r.t. inputs and parameters",
+                         "dense FLOPs = 3 GEMMs of 2*T*D*4D; moe FLOPs = 9 grouped GEMMs of "
+                         "2*T*top_k*D*H"], "rows": []}
+    print(f"{device}: {'layer':<6} {'shape':<26} {'flax ms':>9} {'ours ms':>9} {'speedup':>8} "
+          f"{'rel err':>9}")
+    for kind, shape in cases:
+        row = bench(kind, shape, args.iterations)
+        payload["rows"].append(row)
+        print(f"{'':>{len(device) + 1}} {kind:<6} {'x'.join(map(str, shape)):<26} "
+              f"{row['flax']['ms']:9.3f} {row['jax_cluster']['ms']:9.3f} {row['speedup']:8.2f} "
+              f"{row['max_rel_err_vs_flax']:9.2e}", flush=True)
+        common.write_results(out_dir, "layers_bf16", payload, plot_if_possible)
+    for kind, target in TARGETS.items():
+        got = [r["speedup"] for r in payload["rows"] if r["layer"] == kind]
+        if got:
+            print(f"{kind}: target >= {target}x Flax: {'met' if min(got) >= target else 'MISSED'} "
+                  f"(min {min(got):.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
