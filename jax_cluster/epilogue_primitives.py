@@ -30,6 +30,8 @@ gemm_epilogue_p = Primitive("jax_cluster_gemm_epilogue")
 
 
 def _check(a, b, bias, c, *, b_major, out_dtype):
+    if b_major not in ("n", "k"):
+        raise ValueError(f"jax_cluster linear: b_major must be 'n' or 'k', got {b_major!r}")
     if a.ndim != 2 or b.ndim != 2:
         raise ValueError(f"jax_cluster linear: A and B must be rank 2, got {a.shape} and {b.shape}")
     check_dtypes("jax_cluster linear", out_dtype, A=a, B=b)

@@ -105,6 +105,12 @@ def test_bad_input_raises_at_trace_time(call, message):
         jax.jit(call)(x, w)
 
 
+def test_primitive_refuses_an_unknown_layout():
+    from jax_cluster.epilogue_primitives import gemm_epilogue
+    with pytest.raises(ValueError, match="b_major must be"):
+        gemm_epilogue(jnp.ones((4, 8), jnp.bfloat16), jnp.ones((8, 4), jnp.bfloat16), b_major="x")
+
+
 def test_plan_for_the_fused_epilogue_picks_only_bias_act_rows():
     from jax_cluster import variants
     names = {v.name for v in variants.load_menu() if v.epilogue == "bias_act"}
