@@ -136,24 +136,27 @@ def why_xla(dev: DeviceInfo, dt: str, out: str, dims, a_major: str, b_major: str
     return _alignment_problem(*dims[:3], a_major, b_major, out)
 
 
-def menu_rows(arch: str, problem: str, dt: str, out: str, a_major: str, b_major: str,
-              overrides: dict, caller: str, epilogue: str = "none"
+def menu_rows(dev: DeviceInfo, problem: str, dt: str, out: str, dims, a_major: str,
+              b_major: str, overrides: dict, caller: str, epilogue: str = "none"
               ) -> tuple[list[variants.Variant], str]:
-    """The compiled rows for this problem, arch, dtypes, layouts and epilogue that
-    match the overrides, or the reason there are none. Overrides that match no row raise."""
+    """The compiled rows of the device's arch for this problem, dtypes, layouts and
+    epilogue that match the overrides, or ([], why XLA runs the call instead).
+    `dims` = (M, N, K, count). Overrides that match no row raise."""
+    why = why_xla(dev, dt, out, dims, a_major, b_major, overrides,
+                  "dot" if problem == "dense" else "ragged_dot")
+    if why:
+        return [], why
+    kind = ("" if problem == "dense" else f"{problem} ") + (
+        "" if epilogue == "none" else f"{epilogue} ")
     compiled = _ffi.compiled_variant_names()
-    rows = [v for v in variants.load_menu() if v.name in compiled and v.arch == arch
+    rows = [v for v in variants.load_menu() if v.name in compiled and v.arch == dev.arch
             and v.problem == problem and v.epilogue == epilogue
             and (v.dtype, v.out, v.a_major, v.b_major) == (dt, out, a_major, b_major)]
     if not rows:
-        kind = "" if problem == "dense" else f"{problem} "
-        kind += "" if epilogue == "none" else f"{epilogue} "
-        return [], (f"no compiled {arch} {kind}variant for {dt}->{out} with A {a_major}-major "
+        return [], (f"no compiled {dev.arch} {kind}variant for {dt}->{out} with A {a_major}-major "
                     f"and B {b_major}-major")
     rows = [v for v in rows if _matches(v, overrides)]
     if not rows:
-        kind = "" if problem == "dense" else f"{problem} "
-        kind += "" if epilogue == "none" else f"{epilogue} "
         raise ValueError(f"{caller}: no compiled {kind}variant matches {overrides}; "
                          f"the menu is in {variants.MENU_PATH.name}")
     return rows, ""
@@ -248,14 +251,11 @@ def plan_gemm(m: int, n: int, k: int, *, dtype, out_dtype=None, batch: int = 1,
     def fallback(reason: str) -> Plan:
         return Plan(path="xla", reason=reason, **base)
 
-    why = why_xla(dev, dt, out, (m, n, k, batch), a_major, b_major, overrides, "dot")
+    candidates, why = menu_rows(dev, "dense", dt, out, (m, n, k, batch), a_major, b_major,
+                                overrides, "plan()", epilogue=epilogue)
     if why:
         return fallback(why)
     arch = dev.arch
-    candidates, why = menu_rows(arch, "dense", dt, out, a_major, b_major, overrides, "plan()",
-                                epilogue=epilogue)
-    if why:
-        return fallback(why)
     base_notes = []
     if not overrides.get("allow_nonportable_cluster", False):
         base_notes = [f"{v.name}: a {v.cluster_size}-CTA cluster is non-portable; pass "

@@ -14,7 +14,7 @@ import dataclasses
 
 from jax_cluster import _ffi, variants
 from jax_cluster.device import describe
-from jax_cluster.plan import Plan, dtype_name, menu_rows, why_xla, _resident_clusters, _score
+from jax_cluster.plan import Plan, dtype_name, menu_rows, _resident_clusters, _score
 
 RAGGED_PROBLEMS = ("ragged_m", "ragged_k")
 DEFAULT_A_MAJOR = {"ragged_m": "k", "ragged_k": "m"}
@@ -65,14 +65,11 @@ def plan_ragged(m: int, n: int, k: int, groups: int, *, problem: str, dtype, out
         return Plan(path="xla", reason=reason, **base)
 
     # group g's rows start at a multiple of the row pitch, so TMA's rule covers every group
-    why = why_xla(dev, dt, out, (m, n, k, groups), a_major, b_major, overrides, "ragged_dot")
+    candidates, why = menu_rows(dev, problem, dt, out, (m, n, k, groups), a_major, b_major,
+                                overrides, "plan_ragged()")
     if why:
         return fallback(why)
     arch = dev.arch
-    candidates, why = menu_rows(arch, problem, dt, out, a_major, b_major, overrides,
-                                "plan_ragged()")
-    if why:
-        return fallback(why)
 
     best, notes = None, []
     for v in candidates:

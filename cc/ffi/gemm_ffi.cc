@@ -31,11 +31,7 @@ ffi::Error gemm_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   if (std::string err = decode_dense_call(plan, "none", a, b, *d, &dispatch, &problem); !err.empty())
     return invalid(err);
   if (problem.m == 0 || problem.n == 0 || problem.batch == 0) return ffi::Error::Success();
-  if (problem.k == 0) {  // an empty sum: the result is zero
-    if (cudaMemsetAsync(d->untyped_data(), 0, d->size_bytes(), stream) != cudaSuccess)
-      return ffi::Error::Internal("jax_cluster_gemm: cudaMemsetAsync failed");
-    return ffi::Error::Success();
-  }
+  if (problem.k == 0) return zero_output("jax_cluster_gemm", *d, stream);
   return launch_variant("jax_cluster_gemm", plan, dispatch, problem, *d, *workspace, stream);
 }
 

@@ -1,6 +1,6 @@
-// The last steps both FFI handlers share once the buffers are checked:
+// The last steps every FFI handler shares once the buffers are checked:
 // device and residency checks, optional output poisoning, the workspace
-// check and the launch on XLA's stream.
+// check and the launch on XLA's stream, or zeroing the output of an empty sum.
 #pragma once
 
 #include <string>
@@ -14,6 +14,14 @@
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_cluster {
+
+// An empty sum (K = 0): the result is zero, with no kernel launched.
+inline xla::ffi::Error zero_output(const char* target, xla::ffi::AnyBuffer& d,
+                                   cudaStream_t stream) {
+  if (cudaMemsetAsync(d.untyped_data(), 0, d.size_bytes(), stream) != cudaSuccess)
+    return xla::ffi::Error::Internal(std::string(target) + ": cudaMemsetAsync failed");
+  return xla::ffi::Error::Success();
+}
 
 inline xla::ffi::Error launch_variant(const char* target, const Plan& plan, Dispatch& dispatch,
                                       const GemmProblem& problem, xla::ffi::AnyBuffer& d,

@@ -87,11 +87,7 @@ ffi::Error ragged_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   problem.group_sizes = group_sizes.typed_data();
   if (d->size_bytes() == 0) return ffi::Error::Success();
   // Both problems contract over GEMM k: K for ragged_m, the rows for ragged_k.
-  if (problem.k == 0) {  // empty sums everywhere: the result is zero
-    if (cudaMemsetAsync(d->untyped_data(), 0, d->size_bytes(), stream) != cudaSuccess)
-      return ffi::Error::Internal(std::string(kTarget) + ": cudaMemsetAsync failed");
-    return ffi::Error::Success();
-  }
+  if (problem.k == 0) return zero_output(kTarget, *d, stream);  // empty sums everywhere
   return launch_variant(kTarget, plan, dispatch, problem, *d, *workspace, stream);
 }
 
