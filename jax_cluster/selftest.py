@@ -21,8 +21,8 @@ from jax import lax
 
 from jax_cluster import _ffi, variants
 from jax_cluster.device import describe
-from jax_cluster.epilogue_primitives import ACTIVATIONS, activation_fn, gemm_epilogue
-from jax_cluster.local_primitives import clamp_group_sizes
+from jax_cluster.epilogue_primitives import ACTIVATIONS, gemm_epilogue
+from jax_cluster.local_primitives import apply_epilogue, clamp_group_sizes
 from jax_cluster.plan import plan_gemm
 from jax_cluster.primitives import gemm
 from jax_cluster.ragged_plan import plan_ragged
@@ -103,8 +103,8 @@ def _check_dense(v: variants.Variant, plans, key) -> list[tuple[float, float]]:
                     for kk, shape in zip(jax.random.split(kc), ((n,), (m, n)))))
                 out = gemm_epilogue(a, b, bias, c, b_major=v.b_major, out_dtype=out_dt,
                                     alpha=0.5, beta=1.0, activation=act, plan=plan)
-                ref = activation_fn(act)(0.5 * ref + c.astype(jnp.float32)
-                                         + bias.astype(jnp.float32))
+                ref = apply_epilogue(ref, bias, c, alpha=0.5, beta=1.0, activation=act,
+                                     out_dtype=jnp.float32)
             else:
                 out = gemm(a, b, a_major=v.a_major, b_major=v.b_major, out_dtype=out_dt,
                            plan=plan)

@@ -31,7 +31,7 @@ namespace jax_cluster {
 // Scheduling provides: ProblemShape (the tag type that selects its CUTLASS
 // scheduler), kSchedule, kTileStart (whether it reads tile_start), a Launch
 // computed from the problem (fits(), cluster_tile_m, tiles_n) and
-// configure(args, problem, slots, arrays, launch) for the scheduler fields.
+// configure(args, slots, arrays, launch) for the scheduler fields.
 template <class Arch, class ElementAB, class ElementD, class LayoutA, class LayoutB,
           class TileShape, class ClusterShape, int Stages, class MainloopSchedule,
           class EpilogueSchedule, RaggedProblem Problem, class Scheduling>
