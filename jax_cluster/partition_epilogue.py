@@ -15,26 +15,14 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 
 from jax_cluster.local_primitives import apply_epilogue, epilogue_local_p, gemm_local_p
+from jax_cluster.partition_gemm import local_plan
 from jax_cluster.partition_specs import choose_axes, dim_axes, spec_of
-from jax_cluster.plan import Plan, dtype_name, plan_gemm
 
 
 def _factors(b_major, has_bias, has_c):
     b = ("k", "n") if b_major == "n" else ("n", "k")
     return ("m", "k"), b, ("n",) if has_bias else ("bias_absent",), \
         ("m", "n") if has_c else ("c_absent",), ("m", "n")
-
-
-def local_plan(plan: Plan, a, b, b_major, out_dtype, epilogue) -> Plan:
-    """The given plan when the shard's problem is the one it was made for,
-    else a fresh one for the local shapes on the same device."""
-    m, k = a.shape
-    n = b.shape[1] if b_major == "n" else b.shape[0]
-    if (plan.m, plan.n, plan.k, plan.out_dtype, plan.epilogue) == (
-            m, n, k, dtype_name(out_dtype), epilogue):
-        return plan
-    return plan_gemm(m, n, k, dtype=a.dtype, out_dtype=out_dtype, a_major="k", b_major=b_major,
-                     device=plan.device, epilogue=epilogue)
 
 
 def _whole(a, b, bias, c, b_major, out_dtype, alpha, beta, activation, plan):
@@ -65,11 +53,11 @@ def _partition(b_major, out_dtype, alpha, beta, activation, plan, mesh, arg_shap
 
     def per_shard(a, b, bias, c):
         if not k_split:
-            p = local_plan(plan, a, b, b_major, out_dtype, "bias_act")
+            p = local_plan(plan, a, b, "k", b_major, out_dtype, "bias_act")
             return epilogue_local_p.bind(a, b, bias, c, b_major=b_major, out_dtype=out_dtype,
                                          alpha=alpha, beta=beta, activation=activation, plan=p)
         f32 = np.dtype(np.float32)
-        p = local_plan(plan, a, b, b_major, f32, "none")
+        p = local_plan(plan, a, b, "k", b_major, f32)
         z = lax.psum(gemm_local_p.bind(a, b, a_major="k", b_major=b_major, out_dtype=f32, plan=p),
                      k_split)
         return apply_epilogue(z, bias, c, alpha=alpha, beta=beta, activation=activation,

@@ -28,16 +28,16 @@ def _factors(a_major, b_major, batched):
     return a, b, lead + ("m", "n")
 
 
-def local_plan(plan: Plan, a, b, a_major, b_major, out_dtype) -> Plan:
+def local_plan(plan: Plan, a, b, a_major, b_major, out_dtype, epilogue="none") -> Plan:
     """The plan of one shard: the given one when the local problem is the one
     it was made for, else a fresh plan of the local shapes on the same device."""
     batch, m, n, k, _ = gemm_dims(a.shape, b.shape, a_major, b_major)
     nbatch = int(np.prod(batch)) if batch else 1
-    if ((plan.m, plan.n, plan.k, plan.batch, plan.out_dtype)
-            == (m, n, k, nbatch, dtype_name(out_dtype))):
+    if ((plan.m, plan.n, plan.k, plan.batch, plan.out_dtype, plan.epilogue)
+            == (m, n, k, nbatch, dtype_name(out_dtype), epilogue)):
         return plan
     return plan_gemm(m, n, k, dtype=a.dtype, out_dtype=out_dtype, batch=nbatch,
-                     a_major=a_major, b_major=b_major, device=plan.device)
+                     a_major=a_major, b_major=b_major, device=plan.device, epilogue=epilogue)
 
 
 def _whole(a, b, a_major, b_major, out_dtype, plan):
