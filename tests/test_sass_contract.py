@@ -1,7 +1,6 @@
 """The machine code contract of every compiled variant, read from the built
 extension: each generated instantiation carries a marker symbol naming its
 menu row, so each embedded cubin is matched to the variant it must satisfy."""
-import pathlib
 import re
 import subprocess
 
