@@ -1,10 +1,12 @@
 """Generates one CUDA instantiation per menu row and the dispatch table.
 
-Run by CMake at configure time: gen_variants.py MENU_DIR OUT_DIR. Prints
+Run by CMake at configure time: gen_variants.py MENU_DIR OUT_DIR ARCHS [REGEX]
+(REGEX, if given, keeps only the rows whose name it matches). Prints
 'ARCH|FILE' lines for CMake and rewrites a file only when its text changes.
 """
 import importlib.util
 import pathlib
+import re
 import sys
 
 CUTLASS_TYPES = {"bf16": "cutlass::bfloat16_t", "f16": "cutlass::half_t", "f32": "float"}
@@ -71,11 +73,12 @@ def _write(path: pathlib.Path, text: str) -> None:
         path.write_text(text)
 
 
-def main(menu_dir: str, out_dir: str, archs: str) -> None:
+def main(menu_dir: str, out_dir: str, archs: str, only: str = "") -> None:
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     wanted = set(archs.split(","))
-    variants = [v for v in _load_variants(pathlib.Path(menu_dir)) if v.arch in wanted]
+    variants = [v for v in _load_variants(pathlib.Path(menu_dir))
+                if v.arch in wanted and re.search(only, v.name)]
     for v in variants:
         path = out / f"{v.name}.cu"
         _write(path, _instantiation(v))

@@ -16,6 +16,7 @@ set(_jc_gen_dir "${CMAKE_BINARY_DIR}/generated")
 execute_process(
   COMMAND "${Python_EXECUTABLE}" "${CMAKE_SOURCE_DIR}/cc/gen_variants.py"
           "${CMAKE_SOURCE_DIR}/jax_cluster" "${_jc_gen_dir}" "${_jc_archs_csv}"
+          "${JAX_CLUSTER_VARIANTS}"
   OUTPUT_VARIABLE _jc_generated OUTPUT_STRIP_TRAILING_WHITESPACE COMMAND_ERROR_IS_FATAL ANY)
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
              "${CMAKE_SOURCE_DIR}/jax_cluster/variants.json"

@@ -79,7 +79,12 @@ def _contract(p) -> list[str]:
                     "on the tile count; a cluster that finishes cancels one not yet launched "
                     "and maps its id to (group, m, n) through tile_start, the device-side scan "
                     "of tiles per group; ids past the last tile end the cluster")
-    rows.append("barriers: cluster-scoped mbarriers for the multicast pipeline; leader CTA (0,0)")
+    if p.cluster_m * p.cluster_n > 1:
+        rows.append("barriers: cluster-scoped mbarriers for the multicast pipeline; leader CTA (0,0)")
+    else:
+        rows.append("no cluster: nothing is multicast, barriers are CTA-scoped"
+                    + (f"; with one M tile a 2x1 cluster would pad M={p.m} and leave half the "
+                       "SMs streaming no B" if not _ragged(p) and math.ceil(p.m / p.tile_m) == 1 else ""))
     rows.append(f"stages: {p.stages}; raster {p.raster}, swizzle {p.swizzle}")
     if p.epilogue == "bias_act":
         rows.append("epilogue: act(alpha*acc + beta*C + bias[n]) in registers before the TMA "

@@ -1,6 +1,6 @@
 """Runs every compiled variant for the present GPU against XLA.
 
-    python -m jax_cluster.selftest [--quick] [--only NAME_PART]
+    python -m jax_cluster.selftest [--quick] [--only NAME_PART] [--jobs N]
 
 For each variant and each schedule it can run: tile counts one below, equal
 to and one above the resident clusters (cudaOccupancyMaxActiveClusters), and
@@ -13,6 +13,8 @@ there is nothing to test (no GPU of a compiled architecture).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import os
 import sys
 
 import jax
@@ -189,10 +191,29 @@ def _run(check, count: int) -> list[tuple[float, float, str]]:
         return [(float("nan"), float("nan"), f"{type(exc).__name__}: {exc}")] * count
 
 
+def _variant_rows(v: variants.Variant, clusters: int, quick: bool, key):
+    """[(schedule, label, (rel, max rel, error))] for one variant."""
+    if v.problem == "dense":
+        rows = [(s, label, mnk) for s in v.schedules
+                for label, *mnk in dense_cases(v, clusters, quick)]
+        results = _run(lambda: _check_dense(
+            v, [dense_plan(v, s, *mnk) for s, _, mnk in rows], key), len(rows))
+        return [(s, label, result) for (s, label, _), result in zip(rows, results)]
+    rows = []
+    for label, *case in grouped_cases(v, clusters, quick):
+        key, sub = jax.random.split(key)
+        rows.append((v.schedules[0], label,
+                     _run(lambda c=case, k=sub: [_check_grouped(v, *c, k)], 1)[0]))
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="boundary shapes only")
     parser.add_argument("--only", default="", help="variants whose name contains this text")
+    parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
+                        help="variants compiled at once (compilation, not the GPU, "
+                             "dominates the run time)")
     args = parser.parse_args(argv)
     dev = describe()
     if dev.arch is None or not _ffi.with_kernels():
@@ -204,34 +225,24 @@ def main(argv=None) -> int:
             and args.only in v.name]
     print(f"{dev.name} (cc {dev.compute_capability[0]}.{dev.compute_capability[1]}, "
           f"{dev.sm_count} SMs): {len(menu)} {dev.arch} variants")
-    key = jax.random.key(0)
+    keys = jax.random.split(jax.random.key(0), max(1, len(menu)))
     failures = 0
     print(f"{'variant':<80} {'schedule':<9} {'problem':<34} {'rel err':>9} {'max rel':>9}  result")
-    for v in menu:
-        clusters = _ffi.extension().max_active_clusters(v.name, dev.device_id)
-        if clusters < 1:
-            print(f"{v.name:<80} {'-':<9} {'cannot be resident':<34} {'':>9} {'':>9}  FAIL")
-            failures += 1
-            continue
-        if v.problem == "dense":
-            rows = [(s, label, mnk) for s in v.schedules
-                    for label, *mnk in dense_cases(v, clusters, args.quick)]
-            key, sub = jax.random.split(key)
-            results = _run(lambda: _check_dense(
-                v, [dense_plan(v, s, *mnk) for s, _, mnk in rows], sub), len(rows))
-            rows = [(s, label, result) for (s, label, _), result in zip(rows, results)]
-        else:
-            rows = []
-            for label, *case in grouped_cases(v, clusters, args.quick):
-                key, sub = jax.random.split(key)
-                rows.append((v.schedules[0], label,
-                             _run(lambda c=case, k=sub: [_check_grouped(v, *c, k)], 1)[0]))
-        for schedule, label, (rel, worst, error) in rows:
-            ok = not error and rel < TOLERANCE[v.out]
-            failures += not ok
-            label = f"{label} ({error})"[:120] if error else label
-            print(f"{v.name:<80} {schedule:<9} {label:<34} {rel:9.2e} {worst:9.2e}  "
-                  f"{'pass' if ok else 'FAIL'}", flush=True)
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        clusters = [_ffi.extension().max_active_clusters(v.name, dev.device_id) for v in menu]
+        pending = [pool.submit(_variant_rows, v, c, args.quick, k) if c >= 1 else None
+                   for v, c, k in zip(menu, clusters, keys)]
+        for v, job in zip(menu, pending):  # printed in menu order, whatever finishes first
+            if job is None:
+                print(f"{v.name:<80} {'-':<9} {'cannot be resident':<34} {'':>9} {'':>9}  FAIL")
+                failures += 1
+                continue
+            for schedule, label, (rel, worst, error) in job.result():
+                ok = not error and rel < TOLERANCE[v.out]
+                failures += not ok
+                label = f"{label} ({error})"[:120] if error else label
+                print(f"{v.name:<80} {schedule:<9} {label:<34} {rel:9.2e} {worst:9.2e}  "
+                      f"{'pass' if ok else 'FAIL'}", flush=True)
     print(f"{'all passed' if not failures else f'{failures} FAILED'}")
     return 1 if failures else 0
 

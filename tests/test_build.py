@@ -1,6 +1,9 @@
 """What the build produced: kernels for both architectures, as SASS."""
 import os
+import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -32,3 +35,17 @@ def test_extension_holds_sm90a_and_sm100a_sass():
     archs = set(re.findall(r"sm_(\d+a?)", listing))
     assert {"90a", "100a"} <= archs, listing
     assert not sass.run("--list-ptx").strip(), "PTX is embedded: the driver could JIT it"
+
+
+def test_variant_filter_generates_only_matching_rows(tmp_path):
+    """JAX_CLUSTER_VARIANTS (a regex) builds a few rows for a quick measurement."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    pattern = "_kn_128x256x64_c2x1_s4_cooperative(_bias_act)?$"
+    out = subprocess.run([sys.executable, str(root / "cc" / "gen_variants.py"),
+                          str(root / "jax_cluster"), str(tmp_path), "sm90a,sm100a", pattern],
+                         check=True, capture_output=True, text=True).stdout
+    sources = [line.split("|")[1] for line in out.splitlines() if not line.startswith("table|")]
+    want = {v.name for v in variants.load_menu() if re.search(pattern, v.name)}
+    assert len(want) >= 2 and {pathlib.Path(s).stem for s in sources} == want
+    table = (tmp_path / "variant_table.cc").read_text()
+    assert table.count("&generated::ops_") == len(want)

@@ -120,5 +120,6 @@ def test_plan_for_the_fused_epilogue_picks_only_bias_act_rows():
             assert v.problem == "dense" and v.name.endswith("_bias_act")
     with pytest.raises(ValueError, match="epilogue must be one of"):
         jax_cluster.plan(64, 64, 64, dtype=jnp.bfloat16, epilogue="gelu")
-    on_cpu = jax_cluster.plan(64, 64, 64, dtype=jnp.bfloat16, epilogue="bias_act")
+    on_cpu = jax_cluster.plan(64, 64, 64, dtype=jnp.bfloat16, epilogue="bias_act",
+                              device=jax.devices("cpu")[0])
     assert on_cpu.path == "xla" and on_cpu.epilogue == "bias_act"

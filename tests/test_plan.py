@@ -123,6 +123,17 @@ def test_sm100_plans_use_2cta_umma():
 
 
 @needs_kernels
+def test_one_m_tile_takes_the_1x1_cluster_row():
+    """M within one tile: a 2x1 cluster would pad M and halve the SMs that
+    stream B, so the planner takes the 1x1 row; two M tiles keep the cluster."""
+    small = jax_cluster.plan(16, 14336, 4096, dtype=jnp.bfloat16, device=H200)
+    assert (small.cluster_m, small.cluster_n) == (1, 1) and small.max_active_clusters == 132
+    assert "no cluster: nothing is multicast" in small.explain()
+    wide = jax_cluster.plan(256, 28672, 8192, dtype=jnp.bfloat16, device=H200)
+    assert (wide.cluster_m, wide.cluster_n) == (2, 1)
+
+
+@needs_kernels
 def test_residency_steps_down_then_falls_back():
     # three SMs: a 2x2 or 4x1 cluster cannot be resident, a 2x1 pair can
     p = jax_cluster.plan(4096, 4096, 4096, dtype=jnp.bfloat16, device=described((10, 0), 3))
@@ -131,8 +142,12 @@ def test_residency_steps_down_then_falls_back():
     # one SM: only the 1-CTA rows remain
     p = jax_cluster.plan(4096, 4096, 4096, dtype=jnp.bfloat16, device=described((10, 0), 1))
     assert p.path == "kernel" and p.mma == "1cta" and (p.cluster_m, p.cluster_n) == (1, 1)
-    # on sm90 every row is a 2x1 cluster: with one SM nothing fits, so XLA
+    # sm90 with one SM: bf16 steps down to its 1x1-cluster row; f16 has only
+    # 2x1 clusters, so nothing fits and XLA runs it
     p = jax_cluster.plan(4096, 4096, 4096, dtype=jnp.bfloat16, device=described((9, 0), 1))
+    assert p.path == "kernel" and (p.cluster_m, p.cluster_n) == (1, 1)
+    assert any("c2x1" in note and "resident" in note for note in p.notes)
+    p = jax_cluster.plan(4096, 4096, 4096, dtype=jnp.float16, device=described((9, 0), 1))
     assert p.path == "xla" and "fits" in p.reason and p.notes
     assert "note:" in p.explain()
 
