@@ -125,26 +125,12 @@ def bench(kind, shape, iterations, breakdown=False):
 
 
 def plot(payload, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     rows = [r for r in payload["rows"] if "speedup" in r]
-    labels = [f"{r['layer']} {'x'.join(map(str, r['shape']))}" for r in rows]
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4))
-    xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r["flax"]["tflops"] for r in rows], 0.4, label="Flax / XLA")
-    ax.bar([x + 0.2 for x in xs], [r["jax_cluster"]["tflops"] for r in rows], 0.4,
-           label="jax_cluster")
-    for x, r in zip(xs, rows):
-        ax.text(x + 0.2, r["jax_cluster"]["tflops"], f"{r['speedup']:.2f}x", ha="center",
-                va="bottom", fontsize=8)
-    ax.set_xticks(list(xs), labels, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("TFLOP/s (forward + backward)")
-    ax.set_title(f"Flax layers, {payload['device']}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.plot_pairs(path, [f"{r['layer']} {'x'.join(map(str, r['shape']))}" for r in rows],
+                      [r["flax"]["tflops"] for r in rows], [r["jax_cluster"]["tflops"] for r in rows],
+                      baseline_label="Flax / XLA", ratios=[r["speedup"] for r in rows],
+                      ylabel="TFLOP/s (forward + backward)",
+                      title=f"Flax layers, {payload['device']}")
 
 
 def plot_if_possible(payload, path):

@@ -108,23 +108,13 @@ def fused_epilogue(m, n, k, args, iterations):
 
 
 def plot(payload, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     rows = payload["rows"]
-    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(rows)), 4))
-    xs = range(len(rows))
-    best = [max(r["variants"].values(), default=0) for r in rows]
-    ax.bar([x - 0.2 for x in xs], [r["xla_tflops"] for r in rows], 0.4, label="XLA dot")
-    ax.bar([x + 0.2 for x in xs], best, 0.4, label="jax_cluster, best variant")
-    ax.set_xticks(list(xs), [f"{r['product']}\n{r['m']}x{r['n']}x{r['k']}" for r in rows],
-                  fontsize=7)
-    ax.set_ylabel("TFLOP/s (device time, CUPTI)")
-    ax.set_title(f"Linear-step GEMMs, bf16, {payload['device']}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.plot_pairs(path, [f"{r['product']} {r['m']}x{r['n']}x{r['k']}" for r in rows],
+                      [r["xla_tflops"] for r in rows],
+                      [max(r["variants"].values(), default=0) for r in rows],
+                      baseline_label="XLA dot", ours_label="jax_cluster, best variant",
+                      ylabel="TFLOP/s (device time, CUPTI)",
+                      title=f"Linear-step GEMMs, bf16, {payload['device']}")
 
 
 def main():

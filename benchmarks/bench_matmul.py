@@ -52,24 +52,12 @@ def bench_shape(m, n, k, dtype, iterations):
 
 
 def plot(payload, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     rows = payload["rows"]
-    labels = [f"{r['m']}x{r['n']}x{r['k']}" for r in rows]
-    x = range(len(rows))
-    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.9), 5))
-    ax.bar([i - 0.2 for i in x], [r["xla_tflops"] for r in rows], 0.4, label="XLA dot")
-    ax.bar([i + 0.2 for i in x], [r["jax_cluster_tflops"] for r in rows], 0.4, label="jax_cluster")
-    for i, r in enumerate(rows):
-        ax.annotate(f"{r['ratio']:.2f}x", (i + 0.2, r["jax_cluster_tflops"]), ha="center",
-                    va="bottom", fontsize=7)
-    ax.set_xticks(list(x), labels, rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel("TFLOP/s (device time, CUPTI)")
-    ax.set_title(f"matmul bf16 on {payload['device']} (jax {payload['jax_version']})")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    common.plot_pairs(path, [f"{r['m']}x{r['n']}x{r['k']}" for r in rows],
+                      [r["xla_tflops"] for r in rows], [r["jax_cluster_tflops"] for r in rows],
+                      baseline_label="XLA dot", ratios=[r["ratio"] for r in rows],
+                      ylabel="TFLOP/s (device time, CUPTI)",
+                      title=f"matmul bf16 on {payload['device']} (jax {payload['jax_version']})")
 
 
 def main():

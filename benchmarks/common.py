@@ -32,5 +32,27 @@ def write_results(out_dir: pathlib.Path, stem: str, payload: dict, plot) -> list
     return [json_path, png_path]
 
 
+def plot_pairs(path, labels, baseline, ours, *, baseline_label, ours_label="jax_cluster",
+               ratios=None, ylabel, title):
+    """Two bars per case (a baseline and jax_cluster), each pair labelled with
+    its ratio when `ratios` is given; written as a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    xs = range(len(labels))
+    fig, ax = plt.subplots(figsize=(max(8, 1.0 * len(labels)), 5))
+    ax.bar([x - 0.2 for x in xs], baseline, 0.4, label=baseline_label)
+    ax.bar([x + 0.2 for x in xs], ours, 0.4, label=ours_label)
+    for x, value, ratio in zip(xs, ours, ratios or []):
+        ax.annotate(f"{ratio:.2f}x", (x + 0.2, value), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(list(xs), labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def randn(key, shape, dtype):
     return jax.random.normal(key, shape, jnp.float32).astype(dtype)

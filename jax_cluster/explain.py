@@ -82,9 +82,11 @@ def _contract(p) -> list[str]:
     if p.cluster_m * p.cluster_n > 1:
         rows.append("barriers: cluster-scoped mbarriers for the multicast pipeline; leader CTA (0,0)")
     else:
-        rows.append("no cluster: nothing is multicast, barriers are CTA-scoped"
-                    + (f"; with one M tile a 2x1 cluster would pad M={p.m} and leave half the "
-                       "SMs streaming no B" if not _ragged(p) and math.ceil(p.m / p.tile_m) == 1 else ""))
+        why = ""
+        if not _ragged(p) and p.m <= p.tile_m:  # one M tile
+            why = (f"; with one M tile a 2x1 cluster would pad M={p.m} and leave half the SMs "
+                   "streaming no B")
+        rows.append(f"no cluster: nothing is multicast, barriers are CTA-scoped{why}")
     rows.append(f"stages: {p.stages}; raster {p.raster}, swizzle {p.swizzle}")
     if p.epilogue == "bias_act":
         rows.append("epilogue: act(alpha*acc + beta*C + bias[n]) in registers before the TMA "

@@ -16,6 +16,16 @@ def randn(shape, dtype):
     return jax.random.normal(fresh_key(), shape, jnp.float32).astype(dtype)
 
 
+def put(mesh, x, spec):
+    """x placed on `mesh` with PartitionSpec `spec`."""
+    return jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
+
+
+def compiled_text(f, *args) -> str:
+    """The optimised HLO of jitted `f`, where the partitioner's collectives show."""
+    return f.lower(*args).compile().as_text()
+
+
 def rel_error(out, ref) -> float:
     out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
     ref = np.asarray(jnp.asarray(ref, jnp.float32), np.float64)

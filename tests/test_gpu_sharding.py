@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_cluster
 from jax_cluster import _ffi
-from helpers import randn, ragged_reference, reference, rel_error
+from helpers import compiled_text, put, randn, ragged_reference, reference, rel_error
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     len(jax.devices()) < 2 or jax.devices()[0].platform != "gpu", reason="needs two GPUs")]
@@ -23,14 +23,6 @@ BF16 = jnp.bfloat16
 @pytest.fixture
 def mesh():
     return jax.make_mesh((len(jax.devices()),), ("x",), axis_types=(AxisType.Auto,))
-
-
-def put(mesh, x, spec):
-    return jax.device_put(x, NamedSharding(mesh, spec))
-
-
-def hlo(f, *args):
-    return f.lower(*args).compile().as_text()
 
 
 # a [M,K] spec, b [K,N] spec, output spec, all-reduce expected
@@ -48,7 +40,7 @@ def test_matmul_runs_the_kernel_on_every_shard(mesh, case):
     out = f(A, B)
     assert out.sharding.is_equivalent_to(NamedSharding(mesh, so), 2)
     assert rel_error(out, reference(a, b)) < 1e-2
-    text = hlo(f, A, B)
+    text = compiled_text(f, A, B)
     assert _ffi.GEMM_TARGET in text and "all-gather" not in text
     assert ("all-reduce" in text) == reduces
 
@@ -66,7 +58,7 @@ def test_fused_linear_runs_per_shard(mesh, spec):
     assert out.sharding.is_equivalent_to(NamedSharding(mesh, so), 2)
     ref = jax.nn.gelu(reference(x, w) + np.asarray(bias, np.float64) + np.asarray(res, np.float64))
     assert rel_error(out, ref) < 1e-2
-    text = hlo(f, *args)
+    text = compiled_text(f, *args)
     assert _ffi.GEMM_EPILOGUE_TARGET in text and "all-gather" not in text
 
 
@@ -84,7 +76,7 @@ def test_ragged_dot_token_sharded(mesh):
     ref = np.concatenate([ragged_reference(lhs_host[s * rows:(s + 1) * rows], rhs, sizes[s])
                           for s in range(shards)])
     assert rel_error(out, ref) < 1e-2
-    text = hlo(f, L, rhs, S)
+    text = compiled_text(f, L, rhs, S)
     assert _ffi.RAGGED_TARGET in text and "all-gather" not in text
 
 
@@ -104,5 +96,5 @@ def test_data_parallel_linear_grads_reduce_only_the_weights(mesh):
         f32(x), f32(w), f32(b))
     for got, ref in zip((dx, dw, db), want):
         assert rel_error(got, ref) < 2e-2
-    text = hlo(f, X, w, b)
+    text = compiled_text(f, X, w, b)
     assert _ffi.GEMM_TARGET in text and "all-gather" not in text and "all-reduce" in text

@@ -19,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_cluster
 from jax_cluster import partition_gemm
+from helpers import compiled_text, put
 
 EIGHT = jax.device_count() >= 8
 needs_8 = pytest.mark.skipif(not EIGHT, reason="runs in the 8-device subprocess")
@@ -50,16 +51,8 @@ def mesh():
     return jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto, AxisType.Auto))
 
 
-def put(mesh, x, spec):
-    return jax.device_put(x, NamedSharding(mesh, spec))
-
-
 def randn(key, shape, dtype=jnp.float32):
     return jax.random.normal(jax.random.key(key), shape, jnp.float32).astype(dtype)
-
-
-def compiled_text(f, *args):
-    return f.lower(*args).compile().as_text()
 
 
 def assert_sharded(x, mesh, spec):
