@@ -73,6 +73,19 @@ def time_step(step, state, inputs, iterations):
         return _timing.wall_ms(fn, args, iterations), "wall"
 
 
+def footprint(compiled) -> dict:
+    """What one side's step needs before it runs: XLA's temporaries against the
+    device's memory limit, and how many of jax_cluster's custom calls it makes
+    (0 means every product fell back to XLA)."""
+    temp = compiled.memory_analysis().temp_size_in_bytes / 1e9
+    calls = compiled.as_text().count('custom_call_target="jax_cluster_')
+    info = {"temp_gb": temp, "kernel_calls": calls}
+    stats = jax.devices()[0].memory_stats() or {}
+    if "bytes_limit" in stats:
+        info["limit_gb"] = (stats["bytes_limit"] - stats.get("bytes_in_use", 0)) / 1e9
+    return info
+
+
 def kernel_times(step, state, x) -> list:
     """[(kernel name, ms)] of one step, in launch order (CUPTI)."""
     from jax.experimental.mosaic.gpu import profiler
@@ -103,13 +116,17 @@ def bench(kind, shape, iterations, breakdown=False):
     for side, (model, call) in zip(("jax_cluster", "flax"), pair):
         step, state = step_fn(model, call)
         try:
-            out = jax.device_get(jax.jit(step)(state, inputs[0]))
+            compiled = jax.jit(step).lower(state, inputs[0]).compile()
+            row[side] = footprint(compiled)
+            if row[side]["temp_gb"] > row[side].get("limit_gb", float("inf")):
+                raise MemoryError(f"needs {row[side]['temp_gb']:.1f} GB of temporaries")
+            out = jax.device_get(compiled(state, inputs[0]))
             ms, timer = time_step(step, state, inputs, iterations)
-        except jax.errors.JaxRuntimeError as e:  # XLA's ragged_dot can run out of memory
-            row[side] = {"error": str(e).splitlines()[0][:200]}
+        except (jax.errors.JaxRuntimeError, MemoryError) as e:  # XLA's ragged_dot can run out
+            row[side] = {**row.get(side, {}), "error": str(e).splitlines()[0][:200]}
             continue
         outs[side] = out
-        row[side] = {"ms": ms, "tflops": flops / ms / 1e9, "timer": timer}
+        row[side].update(ms=ms, tflops=flops / ms / 1e9, timer=timer)
         if breakdown:
             row[side]["kernels"] = kernel_times(step, state, inputs[0])
     if len(outs) < 2:
@@ -167,7 +184,9 @@ def main(argv=None):
         payload["rows"].append(row)
         if "speedup" not in row:
             print(f"{'':>{len(device) + 1}} {kind:<6} {'x'.join(map(str, shape)):<26} "
-                  + "; ".join(f"{side}: {row[side].get('error', 'ran')}"
+                  + "; ".join(f"{side}: {row[side].get('error', 'ran')} "
+                              f"({row[side].get('temp_gb', 0):.1f} GB of temporaries, "
+                              f"{row[side].get('kernel_calls', 0)} jax_cluster calls)"
                               for side in ("flax", "jax_cluster") if side in row), flush=True)
             continue
         print(f"{'':>{len(device) + 1}} {kind:<6} {'x'.join(map(str, shape)):<26} "

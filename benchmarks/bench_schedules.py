@@ -21,7 +21,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import common  # noqa: E402
 import jax_cluster  # noqa: E402
 from jax_cluster import schedule as sim  # noqa: E402
-from jax_cluster.plan import DYNAMIC_FETCH_OVERHEAD  # noqa: E402
+from jax_cluster.plan import DYNAMIC_FETCH_OVERHEAD, STATIC_STEP_OVERHEAD  # noqa: E402
 
 SCHEDULES = ("static", "dynamic", "stream_k")
 K = 4096
@@ -42,8 +42,8 @@ def boundary_shapes(probe) -> list[tuple[str, int, int]]:
 
 def predicted(tiles: int, clusters: int, k_tiles: int) -> dict[str, float]:
     sims = sim.compare(sim.uniform_tiles(tiles), clusters, schedules=SCHEDULES,
-                       fetch_overhead=DYNAMIC_FETCH_OVERHEAD, fixup_cost=0.1,
-                       k_iters=[k_tiles] * tiles)
+                       fetch_overhead=DYNAMIC_FETCH_OVERHEAD, step_overhead=STATIC_STEP_OVERHEAD,
+                       fixup_cost=0.1, k_iters=[k_tiles] * tiles)
     return {s: r.makespan for s, r in sims.items()}
 
 

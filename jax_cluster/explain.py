@@ -113,10 +113,11 @@ def _timeline(p) -> list[str]:
     tiles = round(p.waves * p.max_active_clusters)
     if 0 < tiles <= _SIMULATED_TILES:
         from jax_cluster import schedule
-        from jax_cluster.plan import DYNAMIC_FETCH_OVERHEAD
+        from jax_cluster.plan import DYNAMIC_FETCH_OVERHEAD, STATIC_STEP_OVERHEAD
         sims = schedule.compare(schedule.uniform_tiles(tiles), p.max_active_clusters,
                                 schedules=("static", "dynamic", "stream_k"),
-                                fetch_overhead=DYNAMIC_FETCH_OVERHEAD, fixup_cost=0.1)
+                                fetch_overhead=DYNAMIC_FETCH_OVERHEAD,
+                                step_overhead=STATIC_STEP_OVERHEAD, fixup_cost=0.1)
         for name, sim in sims.items():
             chosen = "  <- this plan" if name == p.schedule else ""
             rows.append(f"{name:<8} makespan {sim.makespan:.2f} tile-times, tail efficiency "

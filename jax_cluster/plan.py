@@ -27,10 +27,14 @@ PORTABLE_CLUSTER_SIZE = 8  # CUDA guarantees clusters up to 8 CTAs; more needs a
 _TILE_EFFICIENCY = {("sm90a", 128, 256): 1.0, ("sm90a", 128, 128): 0.88,
                     ("sm100a", 256, 256): 1.0, ("sm100a", 128, 256): 0.92}
 _STREAM_K_OVERHEAD = 1.10   # partial-tile fix-up traffic, modelled
-# One atomic fetch per tile, mostly hidden behind the previous tile (modelled,
-# in tile-times). Equal tiles make dynamic no faster than static, so this
-# small cost lets static win: dense GEMM is scheduled statically unless asked.
+# Per-tile handoff costs, in tile-times (measured leads from the H200). The
+# work queue pays one atomic fetch per tile, mostly hidden behind the previous
+# tile. The static grid-stride walk (CUTLASS's stream-K scheduler in its
+# data-parallel mode) came out behind the work queue on the same tile in all
+# 11 comparisons there, by 0.3-3.6% (median 1.3%; linear_gemms_bf16.log,
+# schedules_bf16.log), so each of its steps costs more than a fetch.
 DYNAMIC_FETCH_OVERHEAD = 0.005
+STATIC_STEP_OVERHEAD = 0.018
 
 
 def dtype_name(dtype) -> str:
@@ -208,13 +212,13 @@ def _score(v: variants.Variant, m, n, k, batch, clusters, schedule, swizzle):
     # the CTAs of a cluster work side by side: a wave costs one CTA tile
     tile_cost = v.cta_tile_m * v.tile_n / _TILE_EFFICIENCY.get((v.arch, v.tile_m, v.tile_n), 0.8)
     # static and dynamic: the makespan of equal tiles on `clusters` workers, as
-    # jax_cluster.schedule.simulate computes it (tests/test_plan.py checks that).
+    # jax_cluster.schedule.simulate computes it (tests/test_plan.py checks that);
+    # each tile but a cluster's first pays its schedule's handoff.
     if schedule == "stream_k":
         time = waves * tile_cost * _STREAM_K_OVERHEAD
-    elif schedule == "dynamic":  # every tile but a cluster's first is fetched
-        time = (math.ceil(waves) * (1 + DYNAMIC_FETCH_OVERHEAD) - DYNAMIC_FETCH_OVERHEAD) * tile_cost
     else:
-        time = math.ceil(waves) * tile_cost
+        step = DYNAMIC_FETCH_OVERHEAD if schedule == "dynamic" else STATIC_STEP_OVERHEAD
+        time = (math.ceil(waves) * (1 + step) - step) * tile_cost
     efficiency = m * n * batch / (time * clusters * v.cluster_size)
     return time, waves, min(1.0, efficiency)
 

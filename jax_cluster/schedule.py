@@ -7,7 +7,8 @@ model ignores memory contention and launch latency: it answers only "how
 badly does the last wave leave workers idle" for each schedule.
 
 Schedules:
-  static     grid-stride: worker w runs tiles w, w+W, w+2W, ...
+  static     grid-stride: worker w runs tiles w, w+W, w+2W, ..., paying
+             `step_overhead` for each step after its first tile.
   dynamic    Hopper's atomic work queue: worker w starts on tile w, then each
              later tile goes to the first worker to become free (ties: lowest
              id), which pays `fetch_overhead` for fetching it.
@@ -49,20 +50,22 @@ class Simulation:
                 f"makespan {self.makespan:.4g}, tail efficiency {self.tail_efficiency:.1%}")
 
 
-def simulate(tile_costs, workers, schedule="static", *, fetch_overhead=0.0, k_iters=None,
-             fixup_cost=0.0) -> Simulation:
+def simulate(tile_costs, workers, schedule="static", *, fetch_overhead=0.0, step_overhead=0.0,
+             k_iters=None, fixup_cost=0.0) -> Simulation:
     """Simulates `schedule` over `tile_costs` (one per tile, in linear walk order)
     on `workers` persistent workers (resident clusters).
 
-    `fetch_overhead` applies to dynamic/clc; `k_iters` (iterations per tile)
-    and `fixup_cost` to stream_k. Without `k_iters`, stream-K splits the work
-    evenly in cost units, as if it were continuous.
+    `step_overhead` applies to static, `fetch_overhead` to dynamic/clc, and
+    `k_iters` (iterations per tile) and `fixup_cost` to stream_k. Without
+    `k_iters`, stream-K splits the work evenly in cost units, as if it were
+    continuous.
     """
     costs = _costs(tile_costs)
     workers = _count(workers, "workers")
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    for name, value in (("fetch_overhead", fetch_overhead), ("fixup_cost", fixup_cost)):
+    for name, value in (("fetch_overhead", fetch_overhead), ("step_overhead", step_overhead),
+                        ("fixup_cost", fixup_cost)):
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     if k_iters is not None:
@@ -73,7 +76,7 @@ def simulate(tile_costs, workers, schedule="static", *, fetch_overhead=0.0, k_it
             raise ValueError("every k_iters entry must be >= 1")
 
     if schedule == "static":
-        segments = _static(costs, workers)
+        segments = _static(costs, workers, step_overhead)
     elif schedule in ("dynamic", "clc"):
         segments = _dynamic(costs, workers, fetch_overhead)
     elif schedule == "stream_k":
@@ -179,13 +182,14 @@ def _count(value, name):
         raise ValueError(f"{name}: expected an integer, got {value!r}") from None
 
 
-def _static(costs, workers):
+def _static(costs, workers, step_overhead):
     clock = [0.0] * workers
     segments = []
     for i, c in enumerate(costs):
         w = i % workers
-        segments.append((w, clock[w], clock[w] + c, i))
-        clock[w] += c
+        cost = c + (step_overhead if i >= workers else 0.0)
+        segments.append((w, clock[w], clock[w] + cost, i))
+        clock[w] += cost
     return segments
 
 

@@ -167,20 +167,23 @@ def test_info_reports_build_and_path():
 
 
 @needs_kernels
-def test_dense_plans_schedule_statically_unless_asked():
+def test_many_wave_dense_plans_take_the_work_queue_where_a_row_has_one():
     menu = {v.name: v for v in variants.load_menu()}
-    default = jax_cluster.plan(8192, 8192, 4096, dtype=jnp.bfloat16, device=H200)
-    assert default.schedule != "dynamic"  # equal tiles: nothing for a work queue to balance
-    dyn = jax_cluster.plan(8192, 8192, 4096, dtype=jnp.bfloat16, device=H200, schedule="dynamic")
+    # 31 waves: each static step costs more than a fetch (STATIC_STEP_OVERHEAD)
+    dyn = jax_cluster.plan(8192, 16384, 4096, dtype=jnp.bfloat16, device=H200)
     assert dyn.schedule == "dynamic" and menu[dyn.variant].kind == "cooperative_dynamic"
     assert "work queue" in dyn.explain() and "<- this plan" in dyn.explain()
+    # no f16 row has a work queue; a pinned static schedule is kept
+    assert jax_cluster.plan(8192, 16384, 4096, dtype=jnp.float16, device=H200).schedule == "static"
+    pinned = jax_cluster.plan(8192, 16384, 4096, dtype=jnp.bfloat16, device=H200, schedule="static")
+    assert pinned.schedule == "static" and menu[pinned.variant].kind == "cooperative"
 
 
 @needs_kernels
 @pytest.mark.parametrize("tiles,clusters", [(1, 66), (65, 66), (66, 66), (67, 66), (131, 66),
                                             (500, 66), (7, 3)])
 def test_planner_makespan_matches_the_simulator(tiles, clusters):
-    from jax_cluster.plan import DYNAMIC_FETCH_OVERHEAD, _score
+    from jax_cluster.plan import DYNAMIC_FETCH_OVERHEAD, STATIC_STEP_OVERHEAD, _score
     from jax_cluster.schedule import simulate, uniform_tiles
     v = next(v for v in variants.load_menu() if v.kind == "cooperative_dynamic")
     m = v.cta_tile_m * v.cluster_m
@@ -191,7 +194,7 @@ def test_planner_makespan_matches_the_simulator(tiles, clusters):
     one_tile = modelled(1, "static")
     for schedule in ("static", "dynamic"):
         sim = simulate(uniform_tiles(tiles), clusters, schedule,
-                       fetch_overhead=DYNAMIC_FETCH_OVERHEAD)
+                       fetch_overhead=DYNAMIC_FETCH_OVERHEAD, step_overhead=STATIC_STEP_OVERHEAD)
         assert modelled(tiles, schedule) / one_tile == pytest.approx(sim.makespan)
 
 

@@ -99,3 +99,19 @@ def test_clc_grouped_rows_check_pair_clc_and_descriptors(v):
                     DESCRIPTOR_ACQUIRE):
         assert pattern in need, f"{v.name}: {pattern} not required"
     assert WORK_QUEUE_FETCH in never, f"{v.name}: the work-queue atomic is not forbidden"
+
+
+# The fused epilogue's run-time activation must branch once per subtile: a
+# switch per value (128 jump tables in an sm90 row) made the kernel 2.2x
+# slower on the H200 (docs/perf_notes.md, session 5). Today's rows have 8
+# (sm90) and 5 (sm100).
+MAX_ACTIVATION_JUMP_TABLES = 16
+
+
+@pytest.mark.parametrize("v", [v for v in variants.load_menu() if v.epilogue == "bias_act"],
+                         ids=lambda v: v.name)
+def test_fused_activation_branches_once_per_subtile(v, sass_by_variant):
+    if v.name not in _ffi.compiled_variant_names():
+        pytest.skip(f"{v.arch} not built")
+    tables = len(re.findall(r"\bBRX\b", sass_by_variant[v.name]))
+    assert tables <= MAX_ACTIVATION_JUMP_TABLES, f"{v.name}: {tables} indirect branches (BRX)"

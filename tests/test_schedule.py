@@ -44,6 +44,14 @@ def test_fetch_overhead_is_paid_for_every_tile_after_the_first():
     assert simulate(uniform_tiles(5), 1, "static", fetch_overhead=0.5).makespan == 5
 
 
+def test_static_step_overhead_is_paid_for_every_tile_after_a_workers_first():
+    # 2 workers, 5 tiles: w0 runs tiles 0, 2, 4 (two steps), w1 runs 1, 3 (one).
+    sim = simulate(uniform_tiles(5), 2, "static", step_overhead=0.5)
+    assert sim.busy == (4, 2.5) and sim.makespan == 4
+    assert simulate(uniform_tiles(2), 2, "static", step_overhead=0.5).makespan == 1
+    assert simulate(uniform_tiles(5), 1, "dynamic", step_overhead=0.5).makespan == 5
+
+
 def test_stream_k_with_k_iterations_and_fixup():
     # T = 9 iterations, bounds 0, 2, 4, 6, 9: tile 0 (6 iters) is shared by
     # w0, w1, w2; w2 holds its last iterations and pays 2 fix-ups; w3 gets tile 1.
@@ -78,6 +86,7 @@ def test_grouped_tile_costs():
     (([1, 1], 2, "stream_k"), {"k_iters": [1]}, "k_iters has 1"),
     (([1, 1], 2, "stream_k"), {"k_iters": [1, 0]}, ">= 1"),
     (([1, 1], 2, "dynamic"), {"fetch_overhead": -1}, "fetch_overhead"),
+    (([1, 1], 2, "static"), {"step_overhead": float("nan")}, "step_overhead"),
 ])
 def test_bad_input_raises(args, kw, match):
     with pytest.raises(ValueError, match=match):
