@@ -31,7 +31,8 @@ _STREAM_K_OVERHEAD = 1.10   # partial-tile fix-up traffic, modelled
 # work queue pays one atomic fetch per tile, mostly hidden behind the previous
 # tile. The static grid-stride walk (CUTLASS's stream-K scheduler in its
 # data-parallel mode) came out behind the work queue on the same tile in all
-# 11 comparisons there, by 0.3-3.6% (median 1.3%; linear_gemms_bf16.log,
+# 14 plain-kernel comparisons logged there, by 0.3-3.6% (median 1.5%), and by
+# 3.7-12% for the fused epilogue (benchmarks/results/h200: linear_gemms*.log,
 # schedules_bf16.log), so each of its steps costs more than a fetch.
 DYNAMIC_FETCH_OVERHEAD = 0.005
 STATIC_STEP_OVERHEAD = 0.018
