@@ -109,7 +109,11 @@ def bench(kind, shape, iterations, breakdown=False):
     else:
         t, d, h, e, k = shape
         pair, flops, width = moe_pair(d, h, e, k), flops_moe(t, d, h, e, k), d
-    sets = _timing.rotation(t * width * 2)
+    # A timed run is one program over all the sets, so each set costs a whole
+    # step's outputs and temporaries: count the parameters (and so their
+    # gradients) too, or MoE weights get 16 steps at once and run out of memory.
+    param_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(nnx.state(pair[0][0])))
+    sets = _timing.rotation(t * width * 2 + param_bytes)
     inputs = [common.randn(sub, (t, width), DTYPE) for sub in jax.random.split(key, sets)]
     row = {"layer": kind, "shape": list(shape), "flops": flops}
     outs = {}
