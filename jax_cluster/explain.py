@@ -34,6 +34,11 @@ def _evidence(p) -> list[str]:
     if p.uses_kernel:
         rows.append(f"resident clusters: {p.max_active_clusters} ({p.residency})")
         rows.append(f"waves: {p.waves:.2f}, predicted efficiency {p.predicted_efficiency:.0%} (modelled)")
+        if not _ragged(p) and p.schedule in ("static", "dynamic"):
+            from jax_cluster.plan import DYNAMIC_FETCH_OVERHEAD, STATIC_STEP_OVERHEAD
+            rows.append(f"per-tile handoff: static step {STATIC_STEP_OVERHEAD} tile-times, "
+                        f"work-queue fetch {DYNAMIC_FETCH_OVERHEAD} (modelled from H200 timings, "
+                        "where the work queue led static on the same tile every time)")
         rows.append(f"workspace: {p.workspace_bytes} bytes through XLA (queried from the variant)")
     rows.extend(f"note: {note}" for note in p.notes)
     return rows

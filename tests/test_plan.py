@@ -173,6 +173,7 @@ def test_many_wave_dense_plans_take_the_work_queue_where_a_row_has_one():
     dyn = jax_cluster.plan(8192, 16384, 4096, dtype=jnp.bfloat16, device=H200)
     assert dyn.schedule == "dynamic" and menu[dyn.variant].kind == "cooperative_dynamic"
     assert "work queue" in dyn.explain() and "<- this plan" in dyn.explain()
+    assert "per-tile handoff: static step" in dyn.explain()  # why dynamic, in the evidence
     # no f16 row has a work queue; a pinned static schedule is kept
     assert jax_cluster.plan(8192, 16384, 4096, dtype=jnp.float16, device=H200).schedule == "static"
     pinned = jax_cluster.plan(8192, 16384, 4096, dtype=jnp.bfloat16, device=H200, schedule="static")
