@@ -64,14 +64,18 @@ def agrees(pred: list[list[str]], meas: list[list[str]]) -> bool:
     return bool(set(pred[0]) & set(meas[0]))
 
 
-def bench(label, m, n, iterations):
+def bench(label, m, n, iterations, probe):
     keys = jax.random.split(jax.random.key(m + n), 2)
     a = common.randn(keys[0], (m, K), jnp.bfloat16)
     b = common.randn(keys[1], (K, n), jnp.bfloat16)
     ref = jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32))
     times, plans = {}, {}
     for s in SCHEDULES:
-        plan = jax_cluster.plan(m, n, K, dtype=jnp.bfloat16, schedule=s)
+        # the probe's tile and cluster for every schedule: the comparison is of
+        # schedules, so a memory-bound shape must not move static to another row
+        plan = jax_cluster.plan(m, n, K, dtype=jnp.bfloat16, schedule=s,
+                                tile=(probe.tile_m, probe.tile_n, probe.tile_k),
+                                cluster=(probe.cluster_m, probe.cluster_n))
         out = jax.jit(lambda a, b, p=plan: jax_cluster.matmul(a, b, plan=p))(a, b)
         err = float(jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref))
         if err > 2e-2:
@@ -122,7 +126,7 @@ def main(argv=None) -> int:
     if not probe.uses_kernel:
         print(f"no kernel for this device: {probe.reason}")
         return 2
-    rows = [bench(label, m, n, args.iterations) for label, m, n in boundary_shapes(probe)]
+    rows = [bench(label, m, n, args.iterations, probe) for label, m, n in boundary_shapes(probe)]
     for r in rows:
         t = r["measured_ms"]
         print(f"{r['label']:>10} tiles={r['cluster_tiles']:>4}  " +

@@ -23,10 +23,21 @@ def _load_variants(menu_dir: pathlib.Path):
     return mod.load_menu(menu_dir / "variants.json")
 
 
+# A swapped kernel's A is the caller's B and its B the caller's A: B [K,N]
+# (n-major) read as A^T is m-major, and A [K,M] read as B^T is n-major.
+SWAPPED_A_MAJOR = {"n": "m", "k": "k"}   # from the caller's b_major
+SWAPPED_B_MAJOR = {"k": "k", "m": "n"}   # from the caller's a_major
+
+
 def _template(v) -> str:
-    common = (f"{CUTLASS_TYPES[v.dtype]}, {CUTLASS_TYPES[v.out]}, {A_LAYOUT[v.a_major]}, "
-              f"{B_LAYOUT[v.b_major]}, {v.tile_m}, {v.tile_n}, {v.tile_k}, "
-              f"{v.cluster_m}, {v.cluster_n}, {v.stages}")
+    if v.swap_ab:  # the kernel's own problem is the transposed one
+        a, b = A_LAYOUT[SWAPPED_A_MAJOR[v.b_major]], B_LAYOUT[SWAPPED_B_MAJOR[v.a_major]]
+        (tm, tn), (cm, cn) = (v.tile_n, v.tile_m), (v.cluster_n, v.cluster_m)
+    else:
+        a, b = A_LAYOUT[v.a_major], B_LAYOUT[v.b_major]
+        (tm, tn), (cm, cn) = (v.tile_m, v.tile_n), (v.cluster_m, v.cluster_n)
+    common = (f"{CUTLASS_TYPES[v.dtype]}, {CUTLASS_TYPES[v.out]}, {a}, {b}, {tm}, {tn}, "
+              f"{v.tile_k}, {cm}, {cn}, {v.stages}")
     if v.family in ("sm90_grouped_gemm", "sm100_grouped_gemm"):  # before the kind split below
         arch_ns = v.family.split("_")[0]
         problem = {"ragged_m": "kRaggedM", "ragged_k": "kRaggedK"}[v.problem]
@@ -34,6 +45,8 @@ def _template(v) -> str:
                 f"{A_LAYOUT[v.a_major]}, {B_LAYOUT[v.b_major]}, {v.tile_m}, {v.tile_n}, "
                 f"{v.tile_k}, {v.stages}, RaggedProblem::{problem}>")
     epilogue = {"none": "", "bias_act": ", BiasActEpilogue"}[v.epilogue]
+    if v.swap_ab:
+        epilogue = ", PlainEpilogue, true"
     if v.arch == "sm90a":
         kind = {"cooperative": "sm90::Cooperative", "cooperative_dynamic": "sm90::CooperativeDynamic",
                 "pingpong": "sm90::Pingpong"}[v.kind]

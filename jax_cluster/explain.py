@@ -50,11 +50,15 @@ def _roofline(p) -> str:
     if edge is None or getattr(p, "problem", "dense") != "dense":
         return ""
     sizes = {"bf16": 2, "f16": 2, "f32": 4}
-    ai = roofline.intensity(p.m, p.n, p.k, p.batch, sizes.get(p.dtype, 2), sizes.get(p.out_dtype, 2))
+    dims = (p.m, p.n, p.k, p.batch, sizes.get(p.dtype, 2), sizes.get(p.out_dtype, 2))
+    ai = roofline.intensity(*dims)
     point, peak, bandwidth = edge
     kind = "memory-bound" if ai < point else "compute-bound"
+    moved = roofline.bytes_moved(*dims)
     return (f"arithmetic intensity {ai:.0f} FLOP/byte against a ridge point of {point:.0f} "
-            f"({peak / 1e12:.0f} TFLOP/s / {bandwidth / 1e12:.2f} TB/s, modelled): {kind}")
+            f"({peak / 1e12:.0f} TFLOP/s / {bandwidth / 1e12:.2f} TB/s, modelled): {kind}; "
+            f"HBM floor {moved / bandwidth * 1e6:.1f} us for {moved / 1e6:.1f} MB, and the "
+            "planner ranks candidates by the longer of it and their compute makespan")
 
 
 def _contract(p) -> list[str]:
@@ -66,6 +70,11 @@ def _contract(p) -> list[str]:
         for cx in range(p.cluster_m):
             rows.append(f"CTA ({cx},{cy}): rows [{cx * cta_m}, {(cx + 1) * cta_m}) of the cluster tile, "
                         f"cols [{cy * p.tile_n}, {(cy + 1) * p.tile_n}), all of K in {p.tile_k} steps")
+    if p.variant.endswith("_swapab"):
+        rows.append(f"operands swapped: the kernel computes D^T = B^T·A^T, so the {p.tile_m} rows "
+                    f"of M are the MMA's N side (wgmma N may be small; a cooperative M tile is "
+                    f"128) and each CTA streams {p.tile_n} columns of B as its A operand; D^T is "
+                    "stored column-major, which is D row-major")
     if p.cluster_m > 1:
         rows.append(f"B tiles are multicast by TMA to the {p.cluster_m} CTAs along M")
     if p.cluster_n > 1:
@@ -115,6 +124,9 @@ def _timeline(p) -> list[str]:
     full = math.floor(p.waves)
     rows = [f"{full} full wave(s) and a tail of {p.waves - full:.0%} of the resident clusters",
             f"{p.schedule}: predicted efficiency {p.predicted_efficiency:.0%} (modelled)"]
+    if "memory-bound" in p.reason:
+        rows.append("memory-bound: the makespans below count the MMAs only; the plan was ranked "
+                    "on HBM traffic (the floor, partial tiles, and how many SMs stream at once)")
     tiles = round(p.waves * p.max_active_clusters)
     if 0 < tiles <= _SIMULATED_TILES:
         from jax_cluster import schedule
@@ -140,8 +152,11 @@ def _validation(p) -> list[str]:
     if not p.uses_kernel:
         return ["compare with lax.dot_general; nothing kernel-specific to check"]
     c = p.max_active_clusters
+    prediction = ("prediction: memory-bound, so the time grows with K like the bytes, and no "
+                  "schedule beats the HBM floor in the evidence" if "memory-bound" in p.reason
+                  else "prediction: at waves just above an integer, stream_k beats static")
     return [f"boundary tile counts: {max(1, c - 1)}, {c}, {c + 1} clusters of work",
-            "prediction: at waves just above an integer, stream_k beats static",
+            prediction,
             f"fallback: XLA's dot if the variant cannot run ({p.variant} missing, misaligned "
             "operands or another device)"]
 

@@ -12,7 +12,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from jax_cluster import _ffi, variants
+from jax_cluster import _ffi, roofline, variants
 from jax_cluster.device import DeviceInfo, describe
 
 KERNEL_FIELDS = ("variant", "arch", "tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n",
@@ -36,6 +36,8 @@ _STREAM_K_OVERHEAD = 1.10   # partial-tile fix-up traffic, modelled
 # schedules_bf16.log), so each of its steps costs more than a fetch.
 DYNAMIC_FETCH_OVERHEAD = 0.005
 STATIC_STEP_OVERHEAD = 0.018
+SPLIT_K_SPLITS = (2, 4)
+SPLIT_K_MIN_K_TILES = 8      # fewer k-tiles leave each split too little work to pay off
 
 
 def dtype_name(dtype) -> str:
@@ -206,9 +208,10 @@ def _raster_and_swizzle(v: variants.Variant, m, n, batch) -> tuple[str, int]:
     return raster, swizzle
 
 
-def _score(v: variants.Variant, m, n, k, batch, clusters, schedule, swizzle):
-    """(modelled time in tile-units, waves, efficiency) for one candidate."""
-    cluster_tiles = _cluster_tiles(v, m, n, batch, swizzle)
+def _score(v: variants.Variant, m, n, k, batch, clusters, schedule, swizzle, splits=1):
+    """(modelled compute time in tile-units, waves, efficiency) for one candidate.
+    A tile-unit is the time one SM takes for one output element over the whole K."""
+    cluster_tiles = _cluster_tiles(v, m, n, batch, swizzle) * splits
     waves = cluster_tiles / clusters
     # the CTAs of a cluster work side by side: a wave costs one CTA tile
     tile_cost = v.cta_tile_m * v.tile_n / _TILE_EFFICIENCY.get((v.arch, v.tile_m, v.tile_n), 0.8)
@@ -217,11 +220,70 @@ def _score(v: variants.Variant, m, n, k, batch, clusters, schedule, swizzle):
     # each tile but a cluster's first pays its schedule's handoff.
     if schedule == "stream_k":
         time = waves * tile_cost * _STREAM_K_OVERHEAD
+    elif schedule == "split_k":  # each unit runs K/splits, then the partials are reduced
+        time = math.ceil(waves) * tile_cost / splits * _STREAM_K_OVERHEAD
     else:
         step = DYNAMIC_FETCH_OVERHEAD if schedule == "dynamic" else STATIC_STEP_OVERHEAD
         time = (math.ceil(waves) * (1 + step) - step) * tile_cost
     efficiency = m * n * batch / (time * clusters * v.cluster_size)
     return time, waves, min(1.0, efficiency)
+
+
+# Share of the SMs that must stream at once to saturate HBM, and the bytes a
+# partial tile costs (fp32 out to the workspace and back). Measured leads from
+# bench_planner on the H200 at M <= 128 (planner_vs_exhaustive.json): one wave
+# of whole tiles on 128 of 132 SMs beat stream-K by 11%, on 112 of 132 it lost
+# by 5%, and on 32 of 132 it lost by 18%.
+_SATURATING_SM_SHARE = 0.95
+_PARTIAL_BYTES_PER_ELEMENT = 8
+
+
+def _bytes_moved(m, n, k, batch, dt, out) -> int:
+    return roofline.bytes_moved(m, n, k, batch, variants.DTYPE_BYTES[dt], variants.DTYPE_BYTES[out])
+
+
+def memory_floor(m, n, k, batch, dt, out, device) -> float:
+    """The HBM time of `roofline.bytes_moved`, in the tile-units of `_score`
+    (0 without a modelled ridge point): no schedule beats it."""
+    edge = roofline.ridge(device)
+    if edge is None:
+        return 0.0
+    _, peak, bandwidth = edge
+    return _bytes_moved(m, n, k, batch, dt, out) / bandwidth * (peak / device.sm_count) / (2 * k)
+
+
+def _memory_time(v: variants.Variant, m, n, k, batch, clusters, schedule, swizzle, splits,
+                 floor, device) -> float:
+    """`floor` for one candidate, in tile-units: plus the partial tiles' round
+    trip (stream-K: about one per worker; split-K: splits - 1 per tile), and
+    stretched while fewer CTAs stream (on average over the waves) than it takes
+    to saturate HBM."""
+    if floor == 0.0:
+        return 0.0
+    tiles = _cluster_tiles(v, m, n, batch, swizzle) * v.cluster_size
+    workers = clusters * v.cluster_size
+    partials = {"stream_k": workers, "split_k": tiles * (splits - 1)}.get(schedule, 0)
+    units = tiles * splits  # whole-tile schedules: a short last wave streams with fewer CTAs
+    busy = workers if schedule == "stream_k" else units / math.ceil(units / workers)
+    extra = partials * v.cta_tile_m * v.tile_n * _PARTIAL_BYTES_PER_ELEMENT
+    stretch = max(1.0, _SATURATING_SM_SHARE * device.sm_count / busy)
+    return floor * (1 + extra / _bytes_moved(m, n, k, batch, v.dtype, v.out)) * stretch
+
+
+def _candidate_schedules(v: variants.Variant, k: int, memory_bound: bool, overrides: dict):
+    """(schedule, splits) pairs the planner scores for one row."""
+    schedule = overrides.get("schedule", "split_k" if "splits" in overrides else None)
+    if schedule is not None:  # _matches kept only variants that run it
+        if schedule != "split_k":
+            return [(schedule, int(overrides.get("splits", 1)))]  # the FFI rejects splits > 1
+        return [(schedule, int(overrides.get("splits", 2)))] if "split_k" in v.schedules else []
+    k_tiles = math.ceil(k / v.tile_k)
+    out = [(s, 1) for s in v.schedules if s != "split_k" and (s != "stream_k" or k_tiles >= 4)]
+    # split-K only where memory decides: there it spreads the weight stream over
+    # more SMs with fewer partial tiles than stream-K (bench_planner, small M)
+    if memory_bound and "split_k" in v.schedules and k_tiles >= SPLIT_K_MIN_K_TILES:
+        out += [("split_k", s) for s in SPLIT_K_SPLITS]
+    return out
 
 
 def plan_gemm(m: int, n: int, k: int, *, dtype, out_dtype=None, batch: int = 1,
@@ -271,7 +333,7 @@ def plan_gemm(m: int, n: int, k: int, *, dtype, out_dtype=None, batch: int = 1,
         return dataclasses.replace(fallback("every matching variant needs a non-portable cluster "
                                             "(> 8 CTAs) and the caller did not opt in"),
                                    notes=tuple(base_notes))
-    k_tiles = math.ceil(k / candidates[0].tile_k)
+    floor = memory_floor(m, n, k, batch, dt, out, dev)
     best, notes = None, list(base_notes)
     for v in candidates:
         clusters, residency = _resident_clusters(v, dev)
@@ -279,31 +341,33 @@ def plan_gemm(m: int, n: int, k: int, *, dtype, out_dtype=None, batch: int = 1,
             notes.append(f"{v.name}: no {v.cluster_m}x{v.cluster_n} cluster can be resident "
                          f"({residency}), not considered")
             continue
-        # _matches kept only variants that run an overridden schedule
-        schedules = [overrides["schedule"]] if "schedule" in overrides else [
-            s for s in v.schedules if s != "split_k" and (s != "stream_k" or k_tiles >= 4)]
         raster, swizzle = _raster_and_swizzle(v, m, n, batch)
         raster = overrides.get("raster", raster)
         swizzle = int(overrides.get("swizzle", swizzle))
-        for schedule in schedules:
-            time, waves, eff = _score(v, m, n, k, batch, clusters, schedule, swizzle)
-            key = (time, schedule != "static")
+        memory_bound = _score(v, m, n, k, batch, clusters, "stream_k", swizzle)[0] < floor
+        for schedule, splits in _candidate_schedules(v, k, memory_bound, overrides):
+            time, waves, eff = _score(v, m, n, k, batch, clusters, schedule, swizzle, splits)
+            memory = _memory_time(v, m, n, k, batch, clusters, schedule, swizzle, splits, floor, dev)
+            key = (max(time, memory), time, schedule != "static")
             if best is None or key < best[0]:
-                best = (key, v, clusters, residency, schedule, raster, swizzle, waves, eff)
+                best = (key, v, clusters, residency, schedule, splits, raster, swizzle, waves, eff)
     if best is None:
         return dataclasses.replace(fallback(
             "no candidate variant fits on this device (cudaOccupancyMaxActiveClusters = 0)"),
             notes=tuple(notes))
-    _, v, clusters, residency, schedule, raster, swizzle, waves, eff = best
-    splits = int(overrides.get("splits", 1 if schedule != "split_k" else 2))
+    (total, compute, _), v, clusters, residency, schedule, splits, raster, swizzle, waves, eff = best
+    if total > compute:  # memory-bound: the MMAs wait on HBM for the rest
+        eff *= compute / total
     plan = Plan(path="kernel", reason="", **base, variant=v.name, arch=arch, tile_m=v.tile_m,
                 tile_n=v.tile_n, tile_k=v.tile_k, cluster_m=v.cluster_m, cluster_n=v.cluster_n,
                 stages=v.stages, mma=v.mma, schedule=schedule, splits=splits,
                 raster=raster, swizzle=swizzle,
                 sm_count=int(dev.sm_count), max_active_clusters=int(clusters), residency=residency,
                 waves=waves, predicted_efficiency=eff, notes=tuple(notes))
+    split = f" x{splits} splits" if schedule == "split_k" else ""
+    bound = ", memory-bound" if total > compute else ""
     reason = (f"{v.name} fits: {waves:.2f} waves of {clusters} resident {v.cluster_m}x{v.cluster_n} "
-              f"clusters, {schedule} schedule, modelled efficiency {eff:.0%}")
+              f"clusters, {schedule}{split} schedule{bound}, modelled efficiency {eff:.0%}")
     ws = _ffi.extension().workspace_size(plan.ffi_attrs(), plan.m, plan.n, plan.k, plan.batch)
     return dataclasses.replace(plan, reason=reason, workspace_bytes=int(ws))
 

@@ -15,9 +15,14 @@ _BANDWIDTH_BY_NAME = {"H200": 4.8e12, "H100": 3.35e12, "B200": 8.0e12, "GB200": 
 _BANDWIDTH_BY_ARCH = {"sm90a": 3.35e12, "sm100a": 8.0e12}
 
 
+def bytes_moved(m: int, n: int, k: int, batch: int, in_bytes: int, out_bytes: int) -> int:
+    """The HBM bytes no schedule avoids: A and B read once, D written once."""
+    return batch * ((m * k + k * n) * in_bytes + m * n * out_bytes)
+
+
 def intensity(m: int, n: int, k: int, batch: int, in_bytes: int, out_bytes: int) -> float:
     """FLOP per byte if A and B are read once and D written once."""
-    moved = batch * ((m * k + k * n) * in_bytes + m * n * out_bytes)
+    moved = bytes_moved(m, n, k, batch, in_bytes, out_bytes)
     return 2 * batch * m * n * k / moved if moved else 0.0
 
 

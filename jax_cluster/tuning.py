@@ -25,12 +25,10 @@ from jax import lax
 from jax_cluster import _timing, tuning_cache, variants
 from jax_cluster._progress import progress_bar
 from jax_cluster.device import DeviceInfo, describe
-from jax_cluster.plan import plan_gemm
+from jax_cluster.plan import SPLIT_K_MIN_K_TILES, SPLIT_K_SPLITS, plan_gemm
 from jax_cluster.primitives import gemm
 
 XLA = {"path": "xla"}
-SPLIT_K_SPLITS = (2, 4)
-SPLIT_K_MIN_K_TILES = 8      # fewer k-tiles leave each split too little work to pay off
 
 
 @dataclasses.dataclass(frozen=True)

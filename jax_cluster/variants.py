@@ -52,6 +52,10 @@ class Variant:
     header: str
     problem: str = "dense"
     epilogue: str = "none"
+    # The kernel runs D^T = B^T·A^T: M lands on the MMA's N side, which can be
+    # 64 rows, where a cooperative M tile is 128 (small-M, memory-bound rows).
+    # The tile stays in the caller's terms (tile_m rows of M).
+    swap_ab: bool = False
 
     @property
     def mma(self) -> str:
@@ -74,9 +78,10 @@ class Variant:
     def name(self) -> str:
         problem = "" if self.problem == "dense" else f"{self.problem}_"
         epilogue = "" if self.epilogue == "none" else f"_{self.epilogue}"
+        swap = "_swapab" if self.swap_ab else ""
         return (f"{self.family}_{problem}{self.dtype}_{self.out}_{self.a_major}{self.b_major}_"
                 f"{self.tile_m}x{self.tile_n}x{self.tile_k}_c{self.cluster_m}x{self.cluster_n}_"
-                f"s{self.stages}_{self.kind}{epilogue}")
+                f"s{self.stages}_{self.kind}{epilogue}{swap}")
 
 
 def _check(row: dict, family: dict) -> None:
@@ -92,6 +97,10 @@ def _check(row: dict, family: dict) -> None:
         raise ValueError(f"variants.json: unknown epilogue {row['epilogue']!r}")
     if row.get("epilogue", "none") != "none" and row.get("problem", "dense") != "dense":
         raise ValueError(f"variants.json: a fused epilogue needs a dense row: {row}")
+    if row.get("swap_ab", False) and (
+            family["arch"] != "sm90a" or row["kind"] != "cooperative"
+            or row.get("problem", "dense") != "dense" or row.get("epilogue", "none") != "none"):
+        raise ValueError(f"variants.json: swap_ab needs a plain dense sm90a cooperative row: {row}")
     if family["arch"] not in ("sm90a", "sm100a"):
         raise ValueError(f"variants.json: unknown arch {family['arch']!r}")
 
@@ -108,7 +117,7 @@ def load_menu(path: pathlib.Path = MENU_PATH) -> tuple[Variant, ...]:
         out.append(Variant(row["family"], family["arch"], row["kind"], tm, tn, tk, cm, cn,
                            row["stages"], row["dtype"], row["out"], row["a_major"],
                            row["b_major"], family["header"], row.get("problem", "dense"),
-                           row.get("epilogue", "none")))
+                           row.get("epilogue", "none"), bool(row.get("swap_ab", False))))
     names = [v.name for v in out]
     if len(set(names)) != len(names):
         raise ValueError("variants.json: two rows give the same variant")

@@ -4,7 +4,8 @@
 # $LOGS and packed into $OUT/logs.tgz after every step, so a call cut off by
 # its time limit still returns what finished, and $OUT holds two files (the
 # device returns only a few): logs.tgz and prebuilt/_ext*.so.
-# Steps: tests checks selftest sharding lgemms bench grid planner sched layers ragged train.
+# Steps: tests checks selftest sharding lgemms bench grid planner sched layers ragged train
+# fallback pytest (pytest: the tests named by $PYTEST_ARGS).
 # The machine has no network: carry the nvidia-cutlass wheel in .whl/ (see README).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -74,6 +75,10 @@ for part in ${STEPS:-tests bench grid}; do
     selftest) step "self-test (every compiled variant)"  # its reference dots need no autotuning
            (cd /tmp && XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" \
               "$PY" -m jax_cluster.selftest ${SELFTEST_ARGS:-}) 2>&1 | tee "$LOGS/selftest.log" | tail -60 ;;
+    fallback) step "jax_cluster's XLA fallback against jnp.dot"
+           "$PY" benchmarks/bench_fallback.py --out "$LOGS" 2>&1 | tee "$LOGS/fallback.log" ;;
+    pytest) step "pytest $PYTEST_ARGS"
+           "$PYTEST" -q -rs -p no:cacheprovider $PYTEST_ARGS 2>&1 | tee "$LOGS/pytest.log" | tail -15 ;;
     planner) step "planner vs exhaustive timing"
            "$PY" benchmarks/bench_planner.py --out "$LOGS" 2>&1 | tee "$LOGS/planner.log" | tail -25 ;;
     sched) step "schedules at boundary tile counts"

@@ -49,3 +49,30 @@ def test_variant_filter_generates_only_matching_rows(tmp_path):
     assert len(want) >= 2 and {pathlib.Path(s).stem for s in sources} == want
     table = (tmp_path / "variant_table.cc").read_text()
     assert table.count("&generated::ops_") == len(want)
+
+
+def test_swapped_rows_instantiate_the_transposed_problem(tmp_path):
+    """A swap_ab row's kernel computes D^T = B^T·A^T: B [K,N] becomes an m-major
+    A, A [M,K] a k-major B, and the tile's M and N trade places."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    (v,) = [v for v in variants.load_menu() if v.swap_ab]
+    subprocess.run([sys.executable, str(root / "cc" / "gen_variants.py"), str(root / "jax_cluster"),
+                    str(tmp_path), v.arch, f"^{v.name}$"], check=True, capture_output=True)
+    source = (tmp_path / f"{v.name}.cu").read_text()
+    want = (f"cutlass::layout::ColumnMajor, cutlass::layout::ColumnMajor, {v.tile_n}, {v.tile_m}, "
+            f"{v.tile_k}, {v.cluster_n}, {v.cluster_m}, {v.stages}, sm90::Cooperative, "
+            "PlainEpilogue, true>")
+    assert (v.a_major, v.b_major) == ("k", "n") and want in source
+
+
+@pytest.mark.parametrize("change", [dict(epilogue="bias_act"), dict(kind="cooperative_dynamic"),
+                                    dict(family="sm100_gemm_tcgen05_persistent")])
+def test_swap_ab_needs_a_plain_sm90_cooperative_row(change, tmp_path):
+    import json
+    menu = json.loads(variants.MENU_PATH.read_text())
+    row = next(r for r in menu["variants"] if r.get("swap_ab"))
+    menu["variants"] = [{**row, **change}]
+    path = tmp_path / "variants.json"
+    path.write_text(json.dumps(menu))
+    with pytest.raises(ValueError, match="swap_ab"):
+        variants.load_menu(path)

@@ -52,3 +52,14 @@ def test_misaligned_call_lowers_to_xla_dot():
     p = jax_cluster.plan(64, 64, 7, dtype=jnp.bfloat16, device=H200)
     text = export_text(lambda a, b: jax_cluster.matmul(a, b, plan=p), spec((64, 7)), spec((7, 64)))
     assert _ffi.GEMM_TARGET not in text and "stablehlo.dot_general" in text
+
+
+@pytest.mark.parametrize("m,n,k,wide", [(64, 64, 8, False), (64, 64, 1, True), (1, 1, 64, True)])
+def test_gpu_fallback_writes_the_output_dtype_unless_degenerate(m, n, k, wide):
+    """A bf16 result straight from cuBLAS (fp32 accumulation either way); an fp32
+    result and a cast would cost a pass over D. Degenerate dots keep the fp32
+    result: XLA turns them into bf16 multiply-reduces."""
+    p = jax_cluster.plan(m, n, k, dtype=jnp.bfloat16, device=H200, path="xla")
+    text = export_text(lambda a, b: jax_cluster.matmul(a, b, plan=p), spec((m, k)), spec((k, n)))
+    dot = next(line for line in text.splitlines() if "stablehlo.dot_general" in line)
+    assert f"-> tensor<{m}x{n}x{'f32' if wide else 'bf16'}>" in dot, dot

@@ -18,6 +18,8 @@ def described(cc, sms=132):
 
 H200 = described((9, 0))
 B200 = described((10, 0), 148)
+# named, so the roofline takes the H200's own HBM bandwidth (4.8 TB/s)
+H200_NAMED = dataclasses.replace(H200, name="NVIDIA H200")
 
 
 @pytest.mark.parametrize("cc,arch", [((9, 0), "sm90a"), ((10, 0), "sm100a"), ((10, 3), "sm100a"),
@@ -243,3 +245,47 @@ def test_fused_epilogue_plans_take_only_bias_act_rows(device, arch):
     # no fused row for A stored [K,M]: the call falls back and says why
     moved = jax_cluster.plan(4096, 4096, 4096, epilogue="bias_act", a_major="m", **args)
     assert moved.path == "xla" and "bias_act" in moved.reason
+
+
+@needs_kernels
+@pytest.mark.parametrize("m,n,k,schedule,splits", [(16, 14336, 4096, "stream_k", 1),
+                                                   (64, 4096, 4096, "split_k", 4),
+                                                   (128, 8192, 8192, "static", 1)])
+def test_small_m_plans_take_the_swapped_row_as_measured(m, n, k, schedule, splits):
+    """The fastest menu candidates in bench_planner on the H200
+    (benchmarks/results/h200/planner_vs_exhaustive.json)."""
+    p = jax_cluster.plan(m, n, k, dtype=jnp.bfloat16, device=H200_NAMED)
+    assert p.variant.endswith("_swapab") and (p.tile_m, p.tile_n) == (64, 128)
+    assert (p.schedule, p.splits) == (schedule, splits) and "memory-bound" in p.reason
+    text = p.explain()
+    assert "operands swapped" in text and "HBM floor" in text and "memory-bound: the makespans" in text
+    # compute-bound shapes keep the 128x256 tiles
+    assert jax_cluster.plan(4096, 4096, 4096, dtype=jnp.bfloat16, device=H200_NAMED).tile_m == 128
+
+
+@needs_kernels
+def test_pinned_splits_mean_split_k():
+    p = jax_cluster.plan(64, 4096, 4096, dtype=jnp.bfloat16, device=H200_NAMED, splits=2)
+    assert (p.schedule, p.splits) == ("split_k", 2)
+
+
+def test_memory_time_by_hand():
+    from jax_cluster.plan import _memory_time, memory_floor
+    (v,) = [v for v in variants.load_menu() if v.swap_ab]
+    m, n, k = 64, 4096, 4096
+    moved = (m + n) * k * 2 + m * n * 2
+    floor = memory_floor(m, n, k, 1, "bf16", "bf16", H200_NAMED)
+    # seconds of HBM traffic, in the per-SM compute time of one output element over K
+    assert floor == pytest.approx(moved / 4.8e12 * (989e12 / 132) / (2 * k))
+
+    def memory(schedule, splits=1):
+        return _memory_time(v, m, n, k, 1, 132, schedule, 1, splits, floor, H200_NAMED)
+
+    tile = 64 * 128 * 8  # a partial tile: fp32 out to the workspace and back
+    # 32 whole tiles: 32 of 132 SMs stream, 0.95 * 132 are needed to saturate HBM
+    assert memory("static") == pytest.approx(floor * 0.95 * 132 / 32)
+    # split-K 4: 128 units in one wave, 3 partials per tile
+    assert memory("split_k", 4) == pytest.approx(floor * (1 + 32 * 3 * tile / moved))
+    # stream-K: every SM streams, about one partial each
+    assert memory("stream_k") == pytest.approx(floor * (1 + 132 * tile / moved))
+    assert memory_floor(m, n, k, 1, "bf16", "bf16", DeviceInfo("cpu")) == 0.0

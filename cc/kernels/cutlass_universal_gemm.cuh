@@ -86,18 +86,26 @@ const char* initialize_and_run(typename Gemm::Arguments const& args, void* works
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
+// SwapAB: the kernel computes D^T = B^T·A^T, so a small M lands on the MMA's
+// N side (wgmma N can be 8..256, while a cooperative M tile is 128). D^T is
+// column-major, which is D row-major; LayoutA/LayoutB and the tile are the
+// swapped problem's, and GemmProblem keeps the caller's (m, n, a, b).
 template <class Arch, class ElementAB, class ElementD, class LayoutA, class LayoutB,
           class TileShape, class ClusterShape, int Stages, class MainloopSchedule,
-          class EpilogueSchedule, class TileScheduler, class Epilogue = PlainEpilogue>
+          class EpilogueSchedule, class TileScheduler, class Epilogue = PlainEpilogue,
+          bool SwapAB = false>
 struct CutlassUniversalGemm {
   static constexpr int kAlignAB = 16 / sizeof(ElementAB);
   static constexpr int kAlignD = 16 / sizeof(ElementD);
+  // bias[n] of the fused epilogue would become a per-row bias of D^T
+  static_assert(!(SwapAB && Epilogue::kFused), "swapped variants have the plain epilogue only");
+  using LayoutD = std::conditional_t<SwapAB, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       Arch, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
-      typename Epilogue::template ElementC<ElementD>, cutlass::layout::RowMajor, kAlignD,
-      ElementD, cutlass::layout::RowMajor, kAlignD, EpilogueSchedule,
+      typename Epilogue::template ElementC<ElementD>, LayoutD, kAlignD,
+      ElementD, LayoutD, kAlignD, EpilogueSchedule,
       typename Epilogue::template FusionOp<ElementD>>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -118,13 +126,16 @@ struct CutlassUniversalGemm {
   static typename Gemm::Arguments arguments(const GemmProblem& p, const LaunchChoices& c,
                                             const DeviceSlots& s) {
     using cute::make_shape;
-    auto sa = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, make_shape(p.m, p.k, p.batch));
-    auto sb = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, make_shape(p.n, p.k, p.batch));
-    auto sd = cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, make_shape(p.m, p.n, p.batch));
+    const int m = SwapAB ? p.n : p.m, n = SwapAB ? p.m : p.n;
+    const void* a = SwapAB ? p.b : p.a;
+    const void* b = SwapAB ? p.a : p.b;
+    auto sa = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, make_shape(m, p.k, p.batch));
+    auto sb = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, make_shape(n, p.k, p.batch));
+    auto sd = cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, make_shape(m, n, p.batch));
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
-        {p.m, p.n, p.k, p.batch},
-        {static_cast<const ElementAB*>(p.a), sa, static_cast<const ElementAB*>(p.b), sb},
+        {m, n, p.k, p.batch},
+        {static_cast<const ElementAB*>(a), sa, static_cast<const ElementAB*>(b), sb},
         {{}, nullptr, sd, static_cast<ElementD*>(p.d), sd}};
     const EpilogueArgs& e = p.epilogue;
     args.epilogue.thread.alpha = e.alpha;
@@ -140,8 +151,9 @@ struct CutlassUniversalGemm {
     args.hw_info.max_active_clusters = s.max_active_clusters;
     using RasterOrder = cutlass::gemm::kernel::detail::RasterOrderOptions;
     args.scheduler.max_swizzle_size = c.swizzle;
+    // the Plan's raster names the caller's M and N
     args.scheduler.raster_order =
-        c.raster == Raster::kAlongM ? RasterOrder::AlongM : RasterOrder::AlongN;
+        (c.raster == Raster::kAlongM) != SwapAB ? RasterOrder::AlongM : RasterOrder::AlongN;
     if constexpr (kHasStreamK) {
       using Mode = cutlass::gemm::kernel::detail::DecompositionMode;
       args.scheduler.reduction_mode = cutlass::gemm::kernel::detail::ReductionMode::Deterministic;

@@ -5,7 +5,8 @@
 //   A: [M,K] (RowMajor, K-major) or [K,M] (ColumnMajor, M-major), packed.
 //   B: [N,K] (ColumnMajor, K-major) or [K,N] (RowMajor, N-major), packed.
 //   D: [M,N] row-major; fp32 accumulation. Plain rows have no C operand;
-//   "bias_act" rows compute D = act(alpha*A·B + beta*C + bias[n]) in the epilogue.
+//   "swap_ab" rows run D^T = B^T·A^T for small M (template arguments in the
+//   swapped problem's terms); "bias_act" rows compute D = act(alpha*A·B + beta*C + bias[n]) in the epilogue.
 //   Leading dimensions are 16-byte multiples (TMA): the planner guarantees
 //   it, the FFI handler and can_implement re-check it.
 // Sharing: a (CM x CN) cluster multicasts B tiles to the CTAs along M and A
@@ -42,11 +43,11 @@ struct Pingpong {
 
 template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
           int TileK, int ClusterM, int ClusterN, int Stages, class Kind,
-          class Epilogue = PlainEpilogue>
+          class Epilogue = PlainEpilogue, bool SwapAB = false>
 using GemmWsPersistent = CutlassUniversalGemm<
     cutlass::arch::Sm90, ElementAB, ElementD, LayoutA, LayoutB,
     cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>,
     cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>, Stages,
-    typename Kind::Mainloop, typename Kind::Epilogue, typename Kind::Scheduler, Epilogue>;
+    typename Kind::Mainloop, typename Kind::Epilogue, typename Kind::Scheduler, Epilogue, SwapAB>;
 
 }  // namespace jax_cluster::sm90
