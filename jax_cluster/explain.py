@@ -124,7 +124,7 @@ def _timeline(p) -> list[str]:
     full = math.floor(p.waves)
     rows = [f"{full} full wave(s) and a tail of {p.waves - full:.0%} of the resident clusters",
             f"{p.schedule}: predicted efficiency {p.predicted_efficiency:.0%} (modelled)"]
-    if "memory-bound" in p.reason:
+    if p.memory_bound:
         rows.append("memory-bound: the makespans below count the MMAs only; the plan was ranked "
                     "on HBM traffic (the floor, partial tiles, and how many SMs stream at once)")
     tiles = round(p.waves * p.max_active_clusters)
@@ -153,7 +153,7 @@ def _validation(p) -> list[str]:
         return ["compare with lax.dot_general; nothing kernel-specific to check"]
     c = p.max_active_clusters
     prediction = ("prediction: memory-bound, so the time grows with K like the bytes, and no "
-                  "schedule beats the HBM floor in the evidence" if "memory-bound" in p.reason
+                  "schedule beats the HBM floor in the evidence" if p.memory_bound
                   else "prediction: at waves just above an integer, stream_k beats static")
     return [f"boundary tile counts: {max(1, c - 1)}, {c}, {c + 1} clusters of work",
             prediction,

@@ -86,6 +86,8 @@ class Plan:
     groups: int = 0
     # "bias_act": the kernel also applies act(alpha*A·B + beta*C + bias) (jax_cluster.linear)
     epilogue: str = "none"
+    # the chosen candidate's modelled HBM time exceeds its compute makespan
+    memory_bound: bool = False
 
     @property
     def uses_kernel(self) -> bool:
@@ -344,8 +346,8 @@ def plan_gemm(m: int, n: int, k: int, *, dtype, out_dtype=None, batch: int = 1,
         raster, swizzle = _raster_and_swizzle(v, m, n, batch)
         raster = overrides.get("raster", raster)
         swizzle = int(overrides.get("swizzle", swizzle))
-        memory_bound = _score(v, m, n, k, batch, clusters, "stream_k", swizzle)[0] < floor
-        for schedule, splits in _candidate_schedules(v, k, memory_bound, overrides):
+        row_memory_bound = _score(v, m, n, k, batch, clusters, "stream_k", swizzle)[0] < floor
+        for schedule, splits in _candidate_schedules(v, k, row_memory_bound, overrides):
             time, waves, eff = _score(v, m, n, k, batch, clusters, schedule, swizzle, splits)
             memory = _memory_time(v, m, n, k, batch, clusters, schedule, swizzle, splits, floor, dev)
             key = (max(time, memory), time, schedule != "static")
@@ -356,16 +358,18 @@ def plan_gemm(m: int, n: int, k: int, *, dtype, out_dtype=None, batch: int = 1,
             "no candidate variant fits on this device (cudaOccupancyMaxActiveClusters = 0)"),
             notes=tuple(notes))
     (total, compute, _), v, clusters, residency, schedule, splits, raster, swizzle, waves, eff = best
-    if total > compute:  # memory-bound: the MMAs wait on HBM for the rest
+    memory_bound = total > compute
+    if memory_bound:  # the MMAs wait on HBM for the rest
         eff *= compute / total
     plan = Plan(path="kernel", reason="", **base, variant=v.name, arch=arch, tile_m=v.tile_m,
                 tile_n=v.tile_n, tile_k=v.tile_k, cluster_m=v.cluster_m, cluster_n=v.cluster_n,
                 stages=v.stages, mma=v.mma, schedule=schedule, splits=splits,
                 raster=raster, swizzle=swizzle,
                 sm_count=int(dev.sm_count), max_active_clusters=int(clusters), residency=residency,
-                waves=waves, predicted_efficiency=eff, notes=tuple(notes))
+                waves=waves, predicted_efficiency=eff, memory_bound=memory_bound,
+                notes=tuple(notes))
     split = f" x{splits} splits" if schedule == "split_k" else ""
-    bound = ", memory-bound" if total > compute else ""
+    bound = ", memory-bound" if memory_bound else ""
     reason = (f"{v.name} fits: {waves:.2f} waves of {clusters} resident {v.cluster_m}x{v.cluster_n} "
               f"clusters, {schedule}{split} schedule{bound}, modelled efficiency {eff:.0%}")
     ws = _ffi.extension().workspace_size(plan.ffi_attrs(), plan.m, plan.n, plan.k, plan.batch)

@@ -6,7 +6,8 @@
 //   B: [N,K] (ColumnMajor, K-major) or [K,N] (RowMajor, N-major), packed.
 //   D: [M,N] row-major; fp32 accumulation. Plain rows have no C operand;
 //   "swap_ab" rows run D^T = B^T·A^T for small M (template arguments in the
-//   swapped problem's terms); "bias_act" rows compute D = act(alpha*A·B + beta*C + bias[n]) in the epilogue.
+//   swapped problem's terms); "bias_act" rows compute
+//   D = act(alpha*A·B + beta*C + bias[n]) in the epilogue.
 //   Leading dimensions are 16-byte multiples (TMA): the planner guarantees
 //   it, the FFI handler and can_implement re-check it.
 // Sharing: a (CM x CN) cluster multicasts B tiles to the CTAs along M and A
