@@ -1,6 +1,6 @@
 """Runs every compiled variant for the present GPU against XLA.
 
-    python -m jax_cluster.selftest [--quick] [--only NAME_PART] [--jobs N]
+    python -m jax_cluster.selftest [--quick] [--only REGEX] [--jobs N]
 
 For each variant and each schedule it can run: tile counts one below, equal
 to and one above the resident clusters (cudaOccupancyMaxActiveClusters), and
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import os
+import re
 import sys
 
 import jax
@@ -210,11 +211,15 @@ def _variant_rows(v: variants.Variant, clusters: int, quick: bool, key):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="boundary shapes only")
-    parser.add_argument("--only", default="", help="variants whose name contains this text")
+    parser.add_argument("--only", default="", help="variants whose name matches this regular expression")
     parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
                         help="variants compiled at once (compilation, not the GPU, "
                              "dominates the run time)")
     args = parser.parse_args(argv)
+    try:
+        only = re.compile(args.only)
+    except re.error as exc:
+        parser.error(f"--only {args.only!r} is not a regular expression: {exc}")
     dev = describe()
     if dev.arch is None or not _ffi.with_kernels():
         why = _ffi.why_no_kernels() or f"no kernel family for {dev.platform} {dev.name}"
@@ -222,7 +227,7 @@ def main(argv=None) -> int:
         return 2
     menu = [v for v in variants.load_menu()
             if v.arch == dev.arch and v.name in _ffi.compiled_variant_names()
-            and args.only in v.name]
+            and only.search(v.name)]
     print(f"{dev.name} (cc {dev.compute_capability[0]}.{dev.compute_capability[1]}, "
           f"{dev.sm_count} SMs): {len(menu)} {dev.arch} variants")
     keys = jax.random.split(jax.random.key(0), max(1, len(menu)))

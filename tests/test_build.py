@@ -55,14 +55,16 @@ def test_swapped_rows_instantiate_the_transposed_problem(tmp_path):
     """A swap_ab row's kernel computes D^T = B^T·A^T: B [K,N] becomes an m-major
     A, A [M,K] a k-major B, and the tile's M and N trade places."""
     root = pathlib.Path(__file__).resolve().parents[1]
-    (v,) = [v for v in variants.load_menu() if v.swap_ab]
+    swapped = [v for v in variants.load_menu() if v.swap_ab]
+    assert len(swapped) >= 2  # the 64- and 32-row tiles
     subprocess.run([sys.executable, str(root / "cc" / "gen_variants.py"), str(root / "jax_cluster"),
-                    str(tmp_path), v.arch, f"^{v.name}$"], check=True, capture_output=True)
-    source = (tmp_path / f"{v.name}.cu").read_text()
-    want = (f"cutlass::layout::ColumnMajor, cutlass::layout::ColumnMajor, {v.tile_n}, {v.tile_m}, "
-            f"{v.tile_k}, {v.cluster_n}, {v.cluster_m}, {v.stages}, sm90::Cooperative, "
-            "PlainEpilogue, true>")
-    assert (v.a_major, v.b_major) == ("k", "n") and want in source
+                    str(tmp_path), "sm90a", "swapab$"], check=True, capture_output=True)
+    for v in swapped:
+        source = (tmp_path / f"{v.name}.cu").read_text()
+        want = (f"cutlass::layout::ColumnMajor, cutlass::layout::ColumnMajor, {v.tile_n}, "
+                f"{v.tile_m}, {v.tile_k}, {v.cluster_n}, {v.cluster_m}, {v.stages}, "
+                "sm90::Cooperative, PlainEpilogue, true>")
+        assert (v.a_major, v.b_major) == ("k", "n") and want in source, v.name
 
 
 @pytest.mark.parametrize("change", [dict(epilogue="bias_act"), dict(kind="cooperative_dynamic"),

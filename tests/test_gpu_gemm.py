@@ -103,7 +103,7 @@ def test_size_grid():
 
 @pytest.mark.parametrize("schedule", ["static", "dynamic", "stream_k", "split_k"])
 @pytest.mark.parametrize("m,n,k", [(1536, 1536, 32768), (4096, 4096, 4096), (128, 8192, 8192),
-                                   (333, 2056, 1000)])
+                                   (333, 2056, 1000), (16, 14336, 4096), (64, 4096, 4096)])
 def test_every_schedule(schedule, m, n, k):
     plan = jax_cluster.plan(m, n, k, dtype=jnp.bfloat16, schedule=schedule,
                             **({"splits": 3} if schedule == "split_k" else {}))
