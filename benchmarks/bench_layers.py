@@ -65,12 +65,14 @@ def step_fn(model, call):
 
 
 def time_step(step, state, inputs, iterations):
+    """(ms, timer, [(kernel, ms)] from the timed iterations themselves, or None)."""
     fn = lambda state, x: step(state, x)  # noqa: E731
     args = [(state, x) for x in inputs]
     try:
-        return _timing.cupti_ms(fn, args, iterations), "cupti"
+        ms, kernels = _timing.cupti_kernels(fn, args, iterations)
+        return ms, "cupti", kernels
     except Exception:  # no CUPTI here: wall time, host overhead included
-        return _timing.wall_ms(fn, args, iterations), "wall"
+        return _timing.wall_ms(fn, args, iterations), "wall", None
 
 
 def footprint(compiled) -> dict:
@@ -84,13 +86,6 @@ def footprint(compiled) -> dict:
     if "bytes_limit" in stats:
         info["limit_gb"] = (stats["bytes_limit"] - stats.get("bytes_in_use", 0)) / 1e9
     return info
-
-
-def kernel_times(step, state, x) -> list:
-    """[(kernel name, ms)] of one step, in launch order (CUPTI)."""
-    from jax.experimental.mosaic.gpu import profiler
-    _, timings = profiler.measure(jax.jit(step), aggregate=False)(state, x)
-    return [(name, float(ms)) for name, ms in (timings or [])]
 
 
 def flops_dense(t, d):
@@ -125,14 +120,14 @@ def bench(kind, shape, iterations, breakdown=False):
             if row[side]["temp_gb"] > row[side].get("limit_gb", float("inf")):
                 raise MemoryError(f"needs {row[side]['temp_gb']:.1f} GB of temporaries")
             out = jax.device_get(compiled(state, inputs[0]))
-            ms, timer = time_step(step, state, inputs, iterations)
+            ms, timer, kernels = time_step(step, state, inputs, iterations)
         except (jax.errors.JaxRuntimeError, MemoryError) as e:  # XLA's ragged_dot can run out
             row[side] = {**row.get(side, {}), "error": str(e).splitlines()[0][:200]}
             continue
         outs[side] = out
         row[side].update(ms=ms, tflops=flops / ms / 1e9, timer=timer)
-        if breakdown:
-            row[side]["kernels"] = kernel_times(step, state, inputs[0])
+        if breakdown and kernels is not None:
+            row[side]["kernels"] = kernels
     if len(outs) < 2:
         return row
     ref, got = outs["flax"], outs["jax_cluster"]
@@ -168,7 +163,7 @@ def main(argv=None):
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--only", choices=["dense", "moe"], default=None)
     parser.add_argument("--kernels", action="store_true",
-                        help="also list every kernel of one step of each side, with its time")
+                        help="also list each side's kernels, from the timed iterations")
     args = parser.parse_args(argv)
     cases = [("dense", (1024, 256)), ("moe", (2048, 256, 128, 8, 2))] if args.quick else (
         [("dense", s) for s in DENSE] + [("moe", s) for s in MOE])
@@ -200,7 +195,7 @@ def main(argv=None):
     for row in payload["rows"] if args.kernels else []:
         for side in ("flax", "jax_cluster"):
             listed = row.get(side, {}).get("kernels", [])
-            print(f"{row['layer']} {'x'.join(map(str, row['shape']))} {side}: {len(listed)} kernels, "
+            print(f"{row['layer']} {'x'.join(map(str, row['shape']))} {side}: {len(listed)} kernel names, "
                   f"{sum(ms for _, ms in listed):.3f} ms")
             for name, ms in listed:
                 print(f"    {ms:8.3f} ms  {name[:110]}")

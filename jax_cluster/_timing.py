@@ -5,6 +5,7 @@ several sets inside one jit, so small problems are not timed out of a warm L2.
 """
 from __future__ import annotations
 
+import collections
 import math
 import statistics
 import time
@@ -34,15 +35,34 @@ def cupti_ms(fn, args_list, iterations: int = 10, warmup: int = 0) -> float:
     `profiler.measure` runs the call once untimed itself; `warmup` adds more.
     Raises ImportError or RuntimeError where CUPTI cannot be used.
     """
+    return cupti_kernels(fn, args_list, iterations, warmup)[0]
+
+
+def cupti_kernels(fn, args_list, iterations: int = 10, warmup: int = 0):
+    """(median ms of one call, [(kernel name, median ms per call)], longest
+    first), both from the same timed iterations, so the listing adds up to the
+    time (up to the medians). A name that runs several times in a call is one
+    entry with their sum."""
     from jax.experimental.mosaic.gpu import profiler
 
     rotated = _rotated(fn)
     _warm(rotated, args_list, warmup)
-    _, timings = profiler.measure(rotated, iterations=iterations)(args_list)
-    if timings is None:
+    _, runs = profiler.measure(rotated, aggregate=False, iterations=iterations)(args_list)
+    if not runs:
         raise RuntimeError("CUPTI recorded no kernel launches")
-    per_iter = timings if isinstance(timings, list) else [timings]
-    return statistics.median(per_iter) / len(args_list)
+    runs = [runs] if iterations == 1 else runs
+    sets = len(args_list)
+    per_name: dict[str, list[float]] = {}
+    for run in runs:
+        totals = collections.Counter()
+        for name, ms in run:
+            totals[name] += ms
+        for name, ms in totals.items():
+            per_name.setdefault(name, []).append(ms)
+    call_ms = statistics.median(sum(ms for _, ms in run) for run in runs) / sets
+    kernels = sorted(((name, statistics.median(times) / sets) for name, times in per_name.items()),
+                     key=lambda item: -item[1])
+    return call_ms, kernels
 
 
 def wall_ms(fn, args_list, iterations: int = 10, warmup: int = 1) -> float:
