@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from jax_cluster import variants
+
 
 def _ragged(p) -> bool:
     return p.problem != "dense"
@@ -49,7 +51,7 @@ def _roofline(p) -> str:
     edge = roofline.ridge(p.device)
     if edge is None or getattr(p, "problem", "dense") != "dense":
         return ""
-    sizes = {"bf16": 2, "f16": 2, "f32": 4}
+    sizes = variants.DTYPE_BYTES
     dims = (p.m, p.n, p.k, p.batch, sizes.get(p.dtype, 2), sizes.get(p.out_dtype, 2))
     ai = roofline.intensity(*dims)
     point, peak, bandwidth = edge
@@ -70,7 +72,7 @@ def _contract(p) -> list[str]:
         for cx in range(p.cluster_m):
             rows.append(f"CTA ({cx},{cy}): rows [{cx * cta_m}, {(cx + 1) * cta_m}) of the cluster tile, "
                         f"cols [{cy * p.tile_n}, {(cy + 1) * p.tile_n}), all of K in {p.tile_k} steps")
-    if p.variant.endswith("_swapab"):
+    if any(v.swap_ab for v in variants.load_menu() if v.name == p.variant):
         rows.append(f"operands swapped: the kernel computes D^T = B^T·A^T, so the {p.tile_m} rows "
                     f"of M are the MMA's N side (wgmma N may be small; a cooperative M tile is "
                     f"128) and each CTA streams {p.tile_n} columns of B as its A operand; D^T is "

@@ -53,7 +53,7 @@ class Variant:
     problem: str = "dense"
     epilogue: str = "none"
     # The kernel runs D^T = B^T·A^T: M lands on the MMA's N side, which can be
-    # 64 rows, where a cooperative M tile is 128 (small-M, memory-bound rows).
+    # 32 or 64 rows, where a cooperative M tile is 128 (small-M, memory-bound rows).
     # The tile stays in the caller's terms (tile_m rows of M).
     swap_ab: bool = False
 
