@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "common/cluster_tile_order.h"
 #include "common/plan.h"
 
 #if JAX_CLUSTER_WITH_CUDA
@@ -27,6 +28,18 @@ namespace {
 nb::list plan_fields() {
   nb::list out;
   for (const char* name : kPlanFieldNames) out.append(name);
+  return out;
+}
+
+// The work queue's walk, as the device decodes it: (m, n, l) per queue index.
+nb::list cluster_tile_order(uint32_t tiles_m, uint32_t tiles_n, uint32_t batches,
+                            uint32_t swizzle, bool along_n) {
+  ClusterTileOrder order = ClusterTileOrder::make(tiles_m, tiles_n, batches, swizzle, along_n);
+  nb::list out;
+  for (uint64_t i = 0; i < order.size(); ++i) {
+    ClusterTile t = order.at(i);
+    out.append(nb::make_tuple(t.m, t.n, t.l));
+  }
   return out;
 }
 
@@ -113,6 +126,9 @@ NB_MODULE(_ext, m) {
   m.attr("built_archs") = std::string(JAX_CLUSTER_ARCHS);
   m.attr("cuda_compiler") = std::string(JAX_CLUSTER_CUDA_COMPILER);
   m.def("plan_fields", &plan_fields, "Names of the Plan fields the FFI handler decodes.");
+  m.def("cluster_tile_order", &cluster_tile_order, nb::arg("tiles_m"), nb::arg("tiles_n"),
+        nb::arg("batches"), nb::arg("swizzle"), nb::arg("along_n"),
+        "The dynamic scheduler's cluster tiles (m, n, l) in queue order.");
 #if JAX_CLUSTER_WITH_CUDA
   m.def("registrations", &registrations, "FFI handler capsules by target name.");
   m.def("variants", &variants, "The compiled variants (rows of the menu).");

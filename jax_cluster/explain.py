@@ -103,12 +103,21 @@ def _contract(p) -> list[str]:
             why = (f"; with one M tile a 2x1 cluster would pad M={p.m} and leave half the SMs "
                    "streaming no B")
         rows.append(f"no cluster: nothing is multicast, barriers are CTA-scoped{why}")
-    rows.append(f"stages: {p.stages}; raster {p.raster}, swizzle {p.swizzle}")
+    rows.append(f"stages: {p.stages}; {_walk(p)}")
     if p.epilogue == "bias_act":
         rows.append("epilogue: act(alpha*acc + beta*C + bias[n]) in registers before the TMA "
                     "store; C arrives by TMA only when beta != 0, bias is broadcast per column, "
                     "the activation is a run-time argument")
     return rows
+
+
+def _walk(p) -> str:
+    if p.schedule == "dynamic" and not _ragged(p):
+        minor, major = ("M", "N") if p.raster == "along_n" else ("N", "M")
+        return (f"queue order: bands of {p.swizzle} cluster tiles across {minor}, walked "
+                f"along {major}, every other band backwards; the last band is narrower, so "
+                "no padded tile runs")
+    return f"raster {p.raster}, swizzle {p.swizzle}"
 
 
 _SIMULATED_TILES = 20000  # beyond this the tail is a rounding error; skip the replay

@@ -66,6 +66,13 @@ class Variant:
         return SCHEDULES_BY_KIND[self.kind]
 
     @property
+    def pads_swizzle(self) -> bool:
+        """CUTLASS's schedulers round the tile grid up to swizzle x cluster and run
+        the padded tiles; the sm90 work queue's banded walk does not
+        (cc/common/cluster_tile_order.h)."""
+        return self.kind != "cooperative_dynamic"
+
+    @property
     def cluster_size(self) -> int:
         return self.cluster_m * self.cluster_n
 

@@ -4,7 +4,7 @@
 # $LOGS and packed into $OUT/logs.tgz after every step, so a call cut off by
 # its time limit still returns what finished, and $OUT holds two files (the
 # device returns only a few): logs.tgz and prebuilt/_ext*.so.
-# Steps: tests checks selftest sharding lgemms bench grid planner sched layers ragged train
+# Steps: tests checks selftest sharding lgemms bench grid planner sched walk layers ragged train
 # fallback pytest (pytest: the tests named by $PYTEST_ARGS).
 # The machine has no network: carry the nvidia-cutlass wheel in .whl/ (see README).
 set -uo pipefail
@@ -81,6 +81,8 @@ for part in ${STEPS:-tests bench grid}; do
            "$PYTEST" -q -rs -p no:cacheprovider $PYTEST_ARGS 2>&1 | tee "$LOGS/pytest.log" | tail -15 ;;
     planner) step "planner vs exhaustive timing"
            "$PY" benchmarks/bench_planner.py --out "$LOGS" 2>&1 | tee "$LOGS/planner.log" | tail -25 ;;
+    walk)  step "work-queue walk: raster x band width, pinned, interleaved rounds"
+           "$PY" benchmarks/bench_walk.py --out "$LOGS" 2>&1 | tee "$LOGS/walk.log" ;;
     sched) step "schedules at boundary tile counts"
            "$PY" benchmarks/bench_schedules.py --out "$LOGS" 2>&1 | tee "$LOGS/sched.log" ;;
     layers) step "Flax layers against Flax's own (forward + backward)"

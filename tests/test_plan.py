@@ -1,5 +1,6 @@
 """The planner's choices and explain(), on described (not present) devices."""
 import dataclasses
+import math
 
 import jax.numpy as jnp
 import pytest
@@ -99,12 +100,20 @@ def test_few_waves_prefer_stream_k_or_smaller_tiles():
 
 
 @needs_kernels
-@pytest.mark.parametrize("m,n,swizzle", [(8192, 8192, 8), (8448, 8448, 1), (4352, 4352, 1)])
-def test_swizzle_never_pads_the_grid_much(m, n, swizzle):
+@pytest.mark.parametrize("m,n,schedule,swizzle", [
+    (8192, 8192, "static", 8), (8448, 8448, "static", 1), (4352, 4352, "stream_k", 1),
+    (8448, 8448, "dynamic", 8), (4352, 4352, "dynamic", 8)])
+def test_swizzle_never_pads_the_grid_much(m, n, schedule, swizzle):
     # CUTLASS rounds the tile grid up to swizzle x cluster and runs the padded
     # tiles: 8448^2 with swizzle 8 walked 47% extra tiles (0.61x XLA on the H200).
-    p = jax_cluster.plan(m, n, 4096, dtype=jnp.bfloat16, device=H200)
+    # The work queue's banded walk pads nothing, so it keeps the wide swizzle.
+    p = jax_cluster.plan(m, n, 4096, dtype=jnp.bfloat16, device=H200, schedule=schedule,
+                         tile=(128, 256, 64), cluster=(2, 1))
     assert p.swizzle == swizzle
+    if schedule == "dynamic":  # 2x1 clusters of 128x256 tiles, none padded, in bands of N
+        assert p.raster == "along_m"
+        assert p.waves * p.max_active_clusters == pytest.approx(
+            math.ceil(m / 256) * math.ceil(n / 256))
 
 
 @needs_kernels
@@ -176,6 +185,9 @@ def test_many_wave_dense_plans_take_the_work_queue_where_a_row_has_one():
     assert dyn.schedule == "dynamic" and menu[dyn.variant].kind == "cooperative_dynamic"
     assert "work queue" in dyn.explain() and "<- this plan" in dyn.explain()
     assert "per-tile handoff: static step" in dyn.explain()  # why dynamic, in the evidence
+    assert "bands of 8 cluster tiles across N, walked along M" in dyn.explain()
+    assert "raster along_n, swizzle 8" in jax_cluster.plan(  # CUTLASS's own walk
+        8192, 16384, 4096, dtype=jnp.bfloat16, device=H200, schedule="static").explain()
     # no f16 row has a work queue; a pinned static schedule is kept
     assert jax_cluster.plan(8192, 16384, 4096, dtype=jnp.float16, device=H200).schedule == "static"
     pinned = jax_cluster.plan(8192, 16384, 4096, dtype=jnp.bfloat16, device=H200, schedule="static")

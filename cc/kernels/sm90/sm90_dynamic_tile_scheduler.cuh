@@ -9,7 +9,9 @@
 // without a second fetch. The counter lives in the launch workspace and is
 // zeroed by a stream-ordered memset before every launch (no host sync, safe
 // in CUDA graphs). Each tile is computed whole by one cluster in a fixed
-// K order, so results are bit-identical whichever cluster takes it.
+// K order, so results are bit-identical whichever cluster takes it. Queue
+// indices name cluster tiles in ClusterTileOrder's padding-free banded walk
+// (the Plan's raster and swizzle), not CUTLASS's padded swizzle.
 //
 // The kernel hooks used here (scheduler warp, throttle and scheduler
 // pipelines) are CUTLASS's; CUTLASS ships no sm90 scheduler that uses them.
@@ -22,6 +24,7 @@
 #include <cutlass/gemm/kernel/tile_scheduler.hpp>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "common/cluster_tile_order.h"
 #include "kernels/sm90/work_queue_counter.cuh"
 
 namespace jax_cluster::sm90 {
@@ -147,7 +150,10 @@ class DynamicTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
     uint32_t cluster_tile;
   };
 
-  using Params = WorkQueueParams<typename Static::Params>;
+  using QueueParams = WorkQueueParams<typename Static::Params>;
+  struct Params : QueueParams {
+    ClusterTileOrder order;
+  };
 
   class SharedStorage {
    public:
@@ -166,9 +172,18 @@ class DynamicTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
                                         ClusterShape cluster, cutlass::KernelHardwareInfo const& hw,
                                         Arguments const& args, void* workspace = nullptr,
                                         uint32_t epilogue_subtile = 1, uint32_t = 1u) {
-    return Params::with_counter(
-        Static::to_underlying_arguments(problem, tile, cluster, hw, args, workspace, epilogue_subtile),
-        workspace);
+    auto base = Static::to_underlying_arguments(problem, tile, cluster, hw, args, workspace,
+                                                epilogue_subtile);
+    auto ceil_div = [](uint32_t a, uint32_t b) { return (a + b - 1) / b; };
+    const uint32_t cm = cute::size<0>(cluster), cn = cute::size<1>(cluster);
+    Params p;
+    static_cast<QueueParams&>(p) = QueueParams::with_counter(base, workspace);
+    p.order = ClusterTileOrder::make(
+        ceil_div(ceil_div(cute::get<0>(problem), cute::size<0>(tile)), cm),
+        ceil_div(ceil_div(cute::get<1>(problem), cute::size<1>(tile)), cn),
+        uint32_t(cute::get<3>(problem)), uint32_t(args.max_swizzle_size),
+        base.raster_order_ == RasterOrder::AlongN);
+    return p;
   }
 
   using WorkQueueCounter::get_workspace_size;
@@ -177,20 +192,20 @@ class DynamicTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
   CUTLASS_HOST_DEVICE DynamicTileScheduler() {}
 
   CUTLASS_DEVICE explicit DynamicTileScheduler(Params const& params)
-      : Static(params), tile_counter_(params.tile_counter) {
+      : Static(params), tile_counter_(params.tile_counter), order_(params.order) {
 #if defined(__CUDA_ARCH__)
-    auto cs = cute::cluster_shape();
-    cluster_size_ = cs.x * cs.y * cs.z;
-    launched_cluster_tiles_ = gridDim.x * gridDim.y * gridDim.z / cluster_size_;
-    // This CTA's linear index is cluster_tile * cluster_size + offset; the
-    // static scheduler's first tile fixes the offset (see StaticPersistentTileScheduler).
-    uint64_t first = params.raster_order_ == RasterOrder::AlongN
-                         ? uint64_t(blockIdx.x) + uint64_t(blockIdx.y) * gridDim.x
-                         : uint64_t(blockIdx.x) * gridDim.y + uint64_t(blockIdx.y);
-    uint64_t first_cluster = params.divmod_cluster_shape_major_.divide(
-        params.divmod_cluster_shape_minor_.divide(first));
-    cta_offset_ = first - first_cluster * cluster_size_;
+    auto grid = cute::cluster_grid_dims();
+    auto cluster = cute::cluster_id_in_grid();
+    launched_cluster_tiles_ = grid.x * grid.y * grid.z;
+    first_cluster_tile_ = cluster.x + grid.x * (cluster.y + grid.y * cluster.z);
 #endif
+  }
+
+  // Every role's first tile: the launched clusters take queue indices
+  // 0..launched-1; the counter hands out the rest.
+  template <class ClusterShape>
+  CUTLASS_DEVICE WorkTileInfo initial_work_tile_info(ClusterShape) const {
+    return work_for(first_cluster_tile_);
   }
 
   CUTLASS_DEVICE void set_data_ptr(CLCResponse* data) { data_ = data; }
@@ -220,8 +235,7 @@ class DynamicTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
     asm volatile("" ::: "memory");  // the barrier wait has no memory clobber
     uint32_t cluster_tile = data_[state.index()].cluster_tile;
     pipeline.consumer_release(state);
-    uint64_t linear = uint64_t(cluster_tile) * cluster_size_ + cta_offset_;
-    return cute::make_tuple(get_current_work_for_linear_idx(linear), true);
+    return cute::make_tuple(work_for(cluster_tile), true);
   }
 
   // The kernel calls this only for warp groups without work in a tile, which
@@ -231,11 +245,20 @@ class DynamicTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
   }
 
  private:
+  // This CTA's tile of cluster tile `index` in the walk.
+  CUTLASS_DEVICE WorkTileInfo work_for(uint64_t index) const {
+    ClusterTile t = order_.at(index);
+    if (!t.valid) return WorkTileInfo::invalid_work_tile();
+    auto cta = cute::block_id_in_cluster();
+    auto cs = cute::cluster_shape();
+    return {int32_t(t.m * cs.x + cta.x), int32_t(t.n * cs.y + cta.y), int32_t(t.l), true};
+  }
+
   uint32_t* tile_counter_ = nullptr;
   CLCResponse* data_ = nullptr;
-  uint32_t cluster_size_ = 1;
+  ClusterTileOrder order_;
   uint32_t launched_cluster_tiles_ = 0;
-  uint64_t cta_offset_ = 0;
+  uint32_t first_cluster_tile_ = 0;
 };
 
 }  // namespace jax_cluster::sm90
