@@ -20,4 +20,4 @@ cuda=AUTO
 [ "${JAX_CLUSTER_REQUIRE_KERNELS:-0}" = 1 ] && cuda=ON
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 "$PY" -m pip install -q --no-build-isolation --no-deps -C "cmake.define.JAX_CLUSTER_CUDA=$cuda" .
-"$PY" -c 'import jax_cluster; print(jax_cluster.info())'
+"$PY" -P -c 'import jax_cluster; print(jax_cluster.info())'  # -P: the installed package, not the source tree
