@@ -114,9 +114,12 @@ def _contract(p) -> list[str]:
 def _walk(p) -> str:
     if p.schedule == "dynamic" and not _ragged(p):
         minor, major = ("M", "N") if p.raster == "along_n" else ("N", "M")
-        return (f"queue order: bands of {p.swizzle} cluster tiles across {minor}, walked "
-                f"along {major}, every other band backwards; the last band is narrower, so "
-                "no padded tile runs")
+        rows = (math.ceil(p.m / p.tile_m / p.cluster_m) if minor == "M"
+                else math.ceil(p.n / p.tile_n / p.cluster_n))
+        width = min(p.swizzle, rows)  # the device narrows a band to the grid
+        return (f"queue order: bands of {width} cluster tiles across {minor}, walked "
+                f"along {major}, every other band backwards; a last band the grid cannot fill "
+                "is narrower, so no padded tile runs")
     return f"raster {p.raster}, swizzle {p.swizzle}"
 
 
