@@ -46,6 +46,18 @@ def _bits(x):
     return x.view(np.uint16 if x.dtype.itemsize == 2 else np.uint32)
 
 
+def _assert_batched_matches(run, a, b, spec):
+    """run(a, b) twice: every element written (outputs are poisoned), close to
+    the float32 einsum `spec`, and bit-identical both times."""
+    out, out2 = run(a, b), run(a, b)
+    ref = jnp.einsum(spec, a.astype(jnp.float32), b.astype(jnp.float32),
+                     precision=lax.Precision.HIGHEST)
+    o = out.astype(jnp.float32)
+    assert bool(jnp.isfinite(o).all())
+    assert float(jnp.linalg.norm(o - ref) / jnp.linalg.norm(ref)) < tolerance(jnp.bfloat16)
+    assert np.array_equal(_bits(out), _bits(out2)), "not deterministic"
+
+
 COMBOS = [(dtype, out, b_major) for dtype, out in DTYPES for b_major in ("n", "k")]
 
 
@@ -146,14 +158,7 @@ def test_dynamic_schedule_batched_and_both_layouts(b_major):
                           jnp.float32).astype(jnp.bfloat16)
     run = jax.jit(lambda a, b: gemm(a, b, a_major="k", b_major=b_major,
                                     out_dtype=jnp.bfloat16, plan=plan))
-    out, out2 = run(a, b), run(a, b)
-    spec = "bmk,bkn->bmn" if b_major == "n" else "bmk,bnk->bmn"
-    ref = jnp.einsum(spec, a.astype(jnp.float32), b.astype(jnp.float32),
-                     precision=lax.Precision.HIGHEST)
-    o = out.astype(jnp.float32)
-    assert bool(jnp.isfinite(o).all())
-    assert float(jnp.linalg.norm(o - ref) / jnp.linalg.norm(ref)) < tolerance(jnp.bfloat16)
-    assert np.array_equal(_bits(out), _bits(out2)), "not deterministic"
+    _assert_batched_matches(run, a, b, "bmk,bkn->bmn" if b_major == "n" else "bmk,bnk->bmn")
 
 
 @pytest.mark.parametrize("raster", ["along_n", "along_m"])
@@ -168,13 +173,7 @@ def test_work_queue_walk_covers_every_tile(raster, swizzle):
     assert plan.uses_kernel and (plan.raster, plan.swizzle) == (raster, swizzle)
     a, b = randn((batch, m, k), jnp.bfloat16), randn((batch, k, n), jnp.bfloat16)
     run = jax.jit(lambda a, b: gemm(a, b, out_dtype=jnp.bfloat16, plan=plan))
-    out, out2 = run(a, b), run(a, b)
-    ref = jnp.einsum("bmk,bkn->bmn", a.astype(jnp.float32), b.astype(jnp.float32),
-                     precision=lax.Precision.HIGHEST)
-    o = out.astype(jnp.float32)
-    assert bool(jnp.isfinite(o).all())
-    assert float(jnp.linalg.norm(o - ref) / jnp.linalg.norm(ref)) < tolerance(jnp.bfloat16)
-    assert np.array_equal(_bits(out), _bits(out2)), "not deterministic"
+    _assert_batched_matches(run, a, b, "bmk,bkn->bmn")
 
 
 @pytest.mark.parametrize("b_major", ["n", "k"])
