@@ -1,8 +1,14 @@
-"""Generates one CUDA instantiation per menu row and the dispatch table.
+"""Generates the CUDA instantiations of the menu rows and the dispatch table.
 
-Run by CMake at configure time: gen_variants.py MENU_DIR OUT_DIR ARCHS [REGEX]
-(REGEX, if given, keeps only the rows whose name it matches). Prints
-'ARCH|FILE' lines for CMake and rewrites a file only when its text changes.
+Run by CMake at configure time:
+gen_variants.py MENU_DIR OUT_DIR ARCHS [REGEX [UNIT_SIZE]]
+(REGEX, if given, keeps only the rows whose name it matches). Rows are
+compiled UNIT_SIZE (default 1) to a translation unit: nvcc's front end costs
+most of a unit's time and barely grows with the rows in it (here one sm90a
+row took 88 s, four rows together 128 s). A unit holds rows of one kernel kind and one family only, so
+every kernel in its cubin owes the same SASS contract
+(tests/test_sass_contract.py). Prints 'ARCH|FILE' lines for CMake and rewrites
+a file only when its text changes.
 """
 import importlib.util
 import pathlib
@@ -57,13 +63,31 @@ def _template(v) -> str:
 
 
 def _instantiation(v) -> str:
-    return (f"// Generated from jax_cluster/variants.json by cc/gen_variants.py.\n"
-            f'#include "{v.header}"\n\n'
-            f"// Names this cubin for the SASS contract test (tests/test_sass_contract.py).\n"
-            f"__device__ __attribute__((used)) char jax_cluster_variant_{v.name};\n\n"
+    return (f"// Names this row's kernel in the cubin for tests/test_sass_contract.py.\n"
+            f"__device__ __attribute__((used)) char jax_cluster_variant_{v.name};\n"
             f"namespace jax_cluster::generated {{\n"
             f"const VariantOps& ops_{v.name}() {{ return {_template(v)}::ops; }}\n"
             f"}}  // namespace jax_cluster::generated\n")
+
+
+def _unit(rows) -> str:
+    return (f"// Generated from jax_cluster/variants.json by cc/gen_variants.py.\n"
+            f'#include "{rows[0].header}"\n\n' + "\n".join(_instantiation(v) for v in rows))
+
+
+def _units(variants, size: int) -> dict[str, list]:
+    """Rows of one (arch, family, kind, clustered) class, split into units of at
+    most `size` rows, as even as the split allows."""
+    classes: dict[tuple, list] = {}
+    for v in variants:
+        classes.setdefault((v.arch, v.family, v.kind, v.cluster_size > 1), []).append(v)
+    units = {}
+    for (arch, family, kind, clustered), rows in classes.items():
+        count = -(-len(rows) // size)
+        for i in range(count):
+            name = f"{family}_{kind}{'_clustered' if clustered else ''}_{i}"
+            units[name] = rows[i * len(rows) // count:(i + 1) * len(rows) // count]
+    return units
 
 
 def _table(variants) -> str:
@@ -86,16 +110,21 @@ def _write(path: pathlib.Path, text: str) -> None:
         path.write_text(text)
 
 
-def main(menu_dir: str, out_dir: str, archs: str, only: str = "") -> None:
+def main(menu_dir: str, out_dir: str, archs: str, only: str = "", unit_size: str = "1") -> None:
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     wanted = set(archs.split(","))
     variants = [v for v in _load_variants(pathlib.Path(menu_dir))
                 if v.arch in wanted and re.search(only, v.name)]
-    for v in variants:
-        path = out / f"{v.name}.cu"
-        _write(path, _instantiation(v))
-        print(f"{v.arch}|{path}")
+    if int(unit_size) < 1:
+        raise SystemExit(f"gen_variants.py: unit size must be at least 1, not {unit_size}")
+    units = _units(variants, int(unit_size))
+    for stale in set(out.glob("*.cu")) - {out / f"{name}.cu" for name in units}:
+        stale.unlink()  # a row moved to another unit, or left the build
+    for name, rows in units.items():
+        path = out / f"{name}.cu"
+        _write(path, _unit(rows))
+        print(f"{rows[0].arch}|{path}")
     _write(out / "variant_table.cc", _table(variants))
     print(f"table|{out / 'variant_table.cc'}")
 

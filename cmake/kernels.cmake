@@ -1,5 +1,6 @@
 # Kernels: one instantiation per row of jax_cluster/variants.json, generated
-# at configure time, each compiled for its own architecture only (SASS, no PTX).
+# at configure time into units of JAX_CLUSTER_UNIT_SIZE rows, each unit
+# compiled for its own architecture only (SASS, no PTX).
 execute_process(
   COMMAND "${Python_EXECUTABLE}" -c
     "import jax, os; print(jax.ffi.include_dir())"
@@ -16,7 +17,7 @@ set(_jc_gen_dir "${CMAKE_BINARY_DIR}/generated")
 execute_process(
   COMMAND "${Python_EXECUTABLE}" "${CMAKE_SOURCE_DIR}/cc/gen_variants.py"
           "${CMAKE_SOURCE_DIR}/jax_cluster" "${_jc_gen_dir}" "${_jc_archs_csv}"
-          "${JAX_CLUSTER_VARIANTS}"
+          "${JAX_CLUSTER_VARIANTS}" "${JAX_CLUSTER_UNIT_SIZE}"
   OUTPUT_VARIABLE _jc_generated OUTPUT_STRIP_TRAILING_WHITESPACE COMMAND_ERROR_IS_FATAL ANY)
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
              "${CMAKE_SOURCE_DIR}/jax_cluster/variants.json"

@@ -37,34 +37,59 @@ def test_extension_holds_sm90a_and_sm100a_sass():
     assert not sass.run("--list-ptx").strip(), "PTX is embedded: the driver could JIT it"
 
 
-def test_variant_filter_generates_only_matching_rows(tmp_path):
-    """JAX_CLUSTER_VARIANTS (a regex) builds a few rows for a quick measurement."""
-    root = pathlib.Path(__file__).resolve().parents[1]
-    pattern = "_kn_128x256x64_c2x1_s4_cooperative(_bias_act)?$"
-    out = subprocess.run([sys.executable, str(root / "cc" / "gen_variants.py"),
-                          str(root / "jax_cluster"), str(tmp_path), "sm90a,sm100a", pattern],
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DEFINED = re.compile(r"const VariantOps& ops_(\w+)\(\) \{ return (.*)::ops; \}")
+
+
+def generate(out_dir, archs: str, pattern: str = "", unit_size: int = 1) -> dict[str, dict]:
+    """Runs the build's generator; unit file stem -> {row name: template}."""
+    out = subprocess.run([sys.executable, str(ROOT / "cc" / "gen_variants.py"), str(ROOT / "jax_cluster"),
+                          str(out_dir), archs, pattern, str(unit_size)],
                          check=True, capture_output=True, text=True).stdout
     sources = [line.split("|")[1] for line in out.splitlines() if not line.startswith("table|")]
+    return {pathlib.Path(s).stem: dict(DEFINED.findall(pathlib.Path(s).read_text())) for s in sources}
+
+
+def test_variant_filter_generates_only_matching_rows(tmp_path):
+    """JAX_CLUSTER_VARIANTS (a regex) builds a few rows for a quick measurement."""
+    pattern = "_kn_128x256x64_c2x1_s4_cooperative(_bias_act)?$"
+    units = generate(tmp_path, "sm90a,sm100a", pattern)
     want = {v.name for v in variants.load_menu() if re.search(pattern, v.name)}
-    assert len(want) >= 2 and {pathlib.Path(s).stem for s in sources} == want
+    assert len(want) >= 2 and {name for rows in units.values() for name in rows} == want
     table = (tmp_path / "variant_table.cc").read_text()
     assert table.count("&generated::ops_") == len(want)
+
+
+def test_units_hold_rows_of_one_kind(tmp_path):
+    """Rows compiled together share arch, family, kind and clustering (so one
+    SASS contract); every row is compiled exactly once; no unit is too big."""
+    menu = {v.name: v for v in variants.load_menu()}
+    units = generate(tmp_path, "sm90a,sm100a", unit_size=4)
+    names = [name for rows in units.values() for name in rows]
+    assert sorted(names) == sorted(menu)
+    for stem, rows in units.items():
+        assert 1 <= len(rows) <= 4, stem
+        assert len({(menu[n].arch, menu[n].family, menu[n].kind, menu[n].cluster_size > 1)
+                    for n in rows}) == 1, stem
+    assert len(units) < len(menu) / 2
+    again = generate(tmp_path, "sm90a", unit_size=1)  # a smaller build drops the stale units
+    assert {p.stem for p in tmp_path.glob("*.cu")} == set(again)
+    with pytest.raises(subprocess.CalledProcessError):
+        generate(tmp_path, "sm90a", unit_size=0)
 
 
 def test_swapped_rows_instantiate_the_transposed_problem(tmp_path):
     """A swap_ab row's kernel computes D^T = B^T·A^T: B [K,N] becomes an m-major
     A, A [M,K] a k-major B, and the tile's M and N trade places."""
-    root = pathlib.Path(__file__).resolve().parents[1]
     swapped = [v for v in variants.load_menu() if v.swap_ab]
     assert len(swapped) >= 2  # the 64- and 32-row tiles
-    subprocess.run([sys.executable, str(root / "cc" / "gen_variants.py"), str(root / "jax_cluster"),
-                    str(tmp_path), "sm90a", "swapab$"], check=True, capture_output=True)
+    templates = {name: t for rows in generate(tmp_path, "sm90a", "swapab$").values()
+                 for name, t in rows.items()}
     for v in swapped:
-        source = (tmp_path / f"{v.name}.cu").read_text()
         want = (f"cutlass::layout::ColumnMajor, cutlass::layout::ColumnMajor, {v.tile_n}, "
                 f"{v.tile_m}, {v.tile_k}, {v.cluster_n}, {v.cluster_m}, {v.stages}, "
                 "sm90::Cooperative, PlainEpilogue, true>")
-        assert (v.a_major, v.b_major) == ("k", "n") and want in source, v.name
+        assert (v.a_major, v.b_major) == ("k", "n") and want in templates[v.name], v.name
 
 
 @pytest.mark.parametrize("change", [dict(epilogue="bias_act"), dict(kind="cooperative_dynamic"),
