@@ -3,7 +3,8 @@
 Both sides get the same parameters and inputs in one process on one GPU; a
 step is the gradient of a scalar loss with respect to the inputs and every
 parameter (so one forward and the whole backward), timed as device time
-(CUPTI) with inputs rotated past L2, else wall time (recorded per row).
+(CUPTI) with inputs rotated past L2, else wall time (recorded per row), in
+interleaved rounds (each side's median is reported).
   dense: Linear(D -> 4D) with bias and gelu, fused into the GEMM's epilogue
          on jax_cluster's side; Flax runs nnx.Linear then jax.nn.gelu.
   moe:   MoEMLP(D, H, E experts, top-k): grouped GEMMs (ragged_dot) on
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import gc
 import pathlib
+import statistics
 import sys
 
 import jax
@@ -96,7 +98,7 @@ def flops_moe(t, d, h, e, k):
     return 3 * 3 * 2 * t * k * d * h  # gate, up, down; forward + two backward each
 
 
-def bench(kind, shape, iterations, breakdown=False):
+def bench(kind, shape, iterations, rounds=3, breakdown=False, hlo_dir=None):
     key = jax.random.key(0)
     if kind == "dense":
         t, d = shape
@@ -110,25 +112,42 @@ def bench(kind, shape, iterations, breakdown=False):
     param_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(nnx.state(pair[0][0])))
     sets = _timing.rotation(t * width * 2 + param_bytes)
     inputs = [common.randn(sub, (t, width), DTYPE) for sub in jax.random.split(key, sets)]
-    row = {"layer": kind, "shape": list(shape), "flops": flops}
-    outs = {}
+    row = {"layer": kind, "shape": list(shape), "flops": flops, "rounds": rounds}
+    outs, steps = {}, {}
     for side, (model, call) in zip(("jax_cluster", "flax"), pair):
         step, state = step_fn(model, call)
         try:
             compiled = jax.jit(step).lower(state, inputs[0]).compile()
             row[side] = footprint(compiled)
+            if hlo_dir is not None:
+                name = f"{kind}_{'x'.join(map(str, shape))}_{side}.hlo.txt"
+                (hlo_dir / name).write_text(compiled.as_text())
             if row[side]["temp_gb"] > row[side].get("limit_gb", float("inf")):
                 raise MemoryError(f"needs {row[side]['temp_gb']:.1f} GB of temporaries")
-            out = jax.device_get(compiled(state, inputs[0]))
-            ms, timer, kernels = time_step(step, state, inputs, iterations)
+            outs[side] = jax.device_get(compiled(state, inputs[0]))
         except (jax.errors.JaxRuntimeError, MemoryError) as e:  # XLA's ragged_dot can run out
             row[side] = {**row.get(side, {}), "error": str(e).splitlines()[0][:200]}
             continue
-        outs[side] = out
-        row[side].update(ms=ms, tflops=flops / ms / 1e9, timer=timer)
-        if breakdown and kernels is not None:
-            row[side]["kernels"] = kernels
-    if len(outs) < 2:
+        steps[side] = (step, state)
+    # Interleaved rounds, the median per side: a card that heats up over the
+    # run moves both sides alike (Flax's 4096x8192 step moved 11% between calls).
+    times = {side: [] for side in steps}
+    for r in range(rounds):
+        for side in (list(steps) if r % 2 == 0 else list(steps)[::-1]):
+            try:
+                ms, timer, kernels = time_step(*steps[side], inputs, iterations)
+            except jax.errors.JaxRuntimeError as e:
+                row[side]["error"] = str(e).splitlines()[0][:200]
+                continue
+            times[side].append(ms)
+            row[side].update(timer=timer)
+            if breakdown and kernels is not None:
+                row[side]["kernels"] = kernels
+    for side, ts in times.items():
+        if ts and "error" not in row[side]:
+            ms = statistics.median(ts)
+            row[side].update(ms=ms, round_ms=ts, tflops=flops / ms / 1e9)
+    if not all("ms" in row.get(side, {}) for side in ("flax", "jax_cluster")):
         return row
     ref, got = outs["flax"], outs["jax_cluster"]
     errs = [float(jnp.linalg.norm(jnp.asarray(a, jnp.float32) - jnp.asarray(b, jnp.float32))
@@ -161,6 +180,10 @@ def main(argv=None):
     parser.add_argument("--out", type=pathlib.Path, default=None)
     parser.add_argument("--quick", action="store_true", help="one small shape of each layer")
     parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved timing rounds per case; each side reports its median")
+    parser.add_argument("--hlo", action="store_true",
+                        help="also write each side's optimised HLO next to the results")
     parser.add_argument("--only", choices=["dense", "moe"], default=None)
     parser.add_argument("--kernels", action="store_true",
                         help="also list each side's kernels, from the timed iterations")
@@ -170,14 +193,17 @@ def main(argv=None):
     cases = [c for c in cases if args.only in (None, c[0])]
     device = common.device_name()
     out_dir = args.out or pathlib.Path(__file__).parent / "results" / device.lower().replace(" ", "_")
+    out_dir.mkdir(parents=True, exist_ok=True)
     payload = {"device": device, "jax_version": jax.__version__, "dtype": "bfloat16",
                "notes": ["step = grad of sum(out^2) w.r.t. inputs and parameters",
+                         f"ms = median of {args.rounds} interleaved rounds of {args.iterations} steps",
                          "dense FLOPs = 3 GEMMs of 2*T*D*4D; moe FLOPs = 9 grouped GEMMs of "
                          "2*T*top_k*D*H"], "rows": []}
     print(f"{device}: {'layer':<6} {'shape':<26} {'flax ms':>9} {'ours ms':>9} {'speedup':>8} "
           f"{'rel err':>9}")
     for kind, shape in cases:
-        row = bench(kind, shape, args.iterations, breakdown=args.kernels)
+        row = bench(kind, shape, args.iterations, args.rounds, breakdown=args.kernels,
+                    hlo_dir=out_dir if args.hlo else None)
         jax.clear_caches()  # the last case's executables and buffers must not crowd this one
         gc.collect()
         payload["rows"].append(row)

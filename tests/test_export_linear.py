@@ -47,12 +47,24 @@ def test_forward_is_one_fused_call_with_its_scalars():
     assert "stablehlo.dot_general" not in text and "tanh" not in text
 
 
-def test_gradient_runs_the_pre_activation_kernel_and_plain_gemms():
-    f = jax.grad(lambda x, w, b: jax_cluster.linear(x, w, b, activation="silu").astype(
-        jnp.float32).sum(), argnums=(0, 1, 2))
+def test_gradient_with_an_activation_runs_plain_gemms():
+    """The backward keeps z, so act, bias and residual run in XLA's pass over
+    the plain forward GEMM's output: three plain GEMMs, no fused call."""
+    f = jax.grad(lambda x, w, b, r: jax_cluster.linear(x, w, b, residual=r, activation="silu")
+                 .astype(jnp.float32).sum(), argnums=(0, 1, 2, 3))
+    text = export_text(f, spec((512, 256)), spec((256, 384)), spec((384,)), spec((512, 384)))
+    assert f"@{_ffi.GEMM_EPILOGUE_TARGET}" not in text
+    assert text.count(f"@{_ffi.GEMM_TARGET}(") == 3  # z0, dx and dW
+    assert "stablehlo.dot_general" not in text
+
+
+def test_gradient_without_an_activation_runs_the_fused_kernel_and_plain_gemms():
+    """Without an activation the fused kernel's output is the layer's output."""
+    f = jax.grad(lambda x, w, b: (jax_cluster.linear(x, w, b).astype(jnp.float32) ** 2).sum(),
+                 argnums=(0, 1, 2))  # squared, so the gradient needs the forward's output
     text = export_text(f, spec((512, 256)), spec((256, 384)), spec((384,)))
     assert f"@{_ffi.GEMM_EPILOGUE_TARGET}" in text and "activation = 0 : i32" in text
-    assert text.count(f"@{_ffi.GEMM_TARGET}(") >= 2  # dx and dW
+    assert text.count(f"@{_ffi.GEMM_TARGET}(") == 2  # dx and dW
     assert "stablehlo.dot_general" not in text
 
 
