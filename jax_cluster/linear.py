@@ -7,9 +7,9 @@ the backward needs the pre-activation z, so the activation runs on XLA, and
 so do the bias and residual: they join the activation's pass over the plain
 GEMM's output, where the fused epilogue would only slow the GEMM (the H200's
 2048x2048->8192 layer step: 0.323 ms with the bias fused, 0.314 ms without;
-Flax 0.301). Without an activation the fused kernel's output is the layer's,
-so it stays. The backward pass is two jax_cluster GEMMs plus XLA's elementwise
-work on z.
+Flax 0.301; rejected_rows_session9.log). Without an activation the fused
+kernel writes the layer's output, so it stays. The backward pass is two
+jax_cluster GEMMs plus XLA's elementwise work on z.
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_cluster.epilogue_primitives import ACTIVATIONS, activation_fn, gemm_epilogue
-from jax_cluster.local_primitives import apply_epilogue
 from jax_cluster.primitives import gemm
 
 
@@ -78,12 +77,13 @@ def _linear(config, x, kernel, bias, residual):
                          alpha=alpha, beta=beta, activation=activation)
 
 
-def _pre_activation(z0, bias, residual, alpha, beta, out_dtype):
-    """alpha * z0 + beta * residual + bias on XLA, in float32, cast once."""
-    empty = jnp.zeros((0,), out_dtype)
-    return apply_epilogue(z0.astype(jnp.float32), empty if bias is None else bias,
-                          empty if residual is None else residual, alpha=alpha, beta=beta,
-                          activation="none", out_dtype=out_dtype)
+def _pre_activation(z0, bias, residual, alpha, beta):
+    """alpha * z0 + beta * residual + bias on XLA, in z0's dtype, as Flax's own
+    bias add; XLA fuses it into each pass that reads z."""
+    z = z0 if alpha == 1.0 else (alpha * z0).astype(z0.dtype)
+    if residual is not None:
+        z = z + (residual if beta == 1.0 else (beta * residual).astype(z0.dtype))
+    return z if bias is None else z + bias
 
 
 def _linear_fwd(config, x, kernel, bias, residual):
@@ -96,7 +96,7 @@ def _linear_fwd(config, x, kernel, bias, residual):
         return y, (x, kernel, None, bias, present)
     z0 = gemm(x, kernel, a_major="k", b_major=b_major, out_dtype=out_dtype)
     # act in z's dtype, as the backward below; XLA computes z inside that pass
-    y = activation_fn(activation)(_pre_activation(z0, bias, residual, alpha, beta, out_dtype))
+    y = activation_fn(activation)(_pre_activation(z0, bias, residual, alpha, beta))
     return y, (x, kernel, z0, bias, residual)
 
 
@@ -109,7 +109,7 @@ def _linear_bwd(config, saved, dy):
     if z0 is None:
         dz = dy.astype(out_dtype)
     else:
-        z = _pre_activation(z0, bias, residual, alpha, beta, out_dtype)
+        z = _pre_activation(z0, bias, residual, alpha, beta)
         _, act_vjp = jax.vjp(activation_fn(activation), z)
         (dz,) = act_vjp(dy.astype(z.dtype))
     dz_in = (dz if alpha == 1.0 else alpha * dz).astype(x.dtype)
