@@ -5,10 +5,10 @@ gen_variants.py MENU_DIR OUT_DIR ARCHS [REGEX [UNIT_SIZE]]
 (REGEX, if given, keeps only the rows whose name it matches). Rows are
 compiled UNIT_SIZE (default 1) to a translation unit: nvcc's front end costs
 most of a unit's time and barely grows with the rows in it (here one sm90a
-row took 88 s, four rows together 128 s). A unit holds rows of one kernel kind and one family only, so
-every kernel in its cubin owes the same SASS contract
-(tests/test_sass_contract.py). Prints 'ARCH|FILE' lines for CMake and rewrites
-a file only when its text changes.
+row took 88 s, four rows together 128 s). A unit holds rows of one family,
+kernel kind and clustering only, so every kernel in its cubin owes the same
+SASS contract (tests/test_sass_contract.py). Prints 'ARCH|FILE' lines for
+CMake and rewrites a file only when its text changes.
 """
 import importlib.util
 import pathlib
@@ -82,7 +82,7 @@ def _units(variants, size: int) -> dict[str, list]:
     for v in variants:
         classes.setdefault((v.arch, v.family, v.kind, v.cluster_size > 1), []).append(v)
     units = {}
-    for (arch, family, kind, clustered), rows in classes.items():
+    for (_, family, kind, clustered), rows in classes.items():
         count = -(-len(rows) // size)
         for i in range(count):
             name = f"{family}_{kind}{'_clustered' if clustered else ''}_{i}"
@@ -116,8 +116,9 @@ def main(menu_dir: str, out_dir: str, archs: str, only: str = "", unit_size: str
     wanted = set(archs.split(","))
     variants = [v for v in _load_variants(pathlib.Path(menu_dir))
                 if v.arch in wanted and re.search(only, v.name)]
-    if int(unit_size) < 1:
-        raise SystemExit(f"gen_variants.py: unit size must be at least 1, not {unit_size}")
+    if not unit_size.isdigit() or int(unit_size) < 1:
+        raise SystemExit(f"gen_variants.py: JAX_CLUSTER_UNIT_SIZE must be a whole number "
+                         f"of at least 1, not {unit_size!r}")
     units = _units(variants, int(unit_size))
     for stale in set(out.glob("*.cu")) - {out / f"{name}.cu" for name in units}:
         stale.unlink()  # a row moved to another unit, or left the build
