@@ -10,6 +10,9 @@ interleaved rounds (each side's median is reported).
   moe:   MoEMLP(D, H, E experts, top-k): grouped GEMMs (ragged_dot) on
          jax_cluster's side, XLA's lax.ragged_dot on Flax's.
 Targets (issue 6): >= 1.0x for dense layers, >= 3x for MoE layers.
+--autotune first times every candidate plan of each dense layer's three GEMMs
+(jax_cluster.autotune, XLA's dot among them) and runs jax_cluster's side on
+the winners: the results go to layers_bf16_autotuned.*, each row naming them.
 
     python benchmarks/bench_layers.py --out benchmarks/results/h200 [--quick]
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import pathlib
 import statistics
 import sys
@@ -75,6 +79,26 @@ def time_step(step, state, inputs, iterations):
         return ms, "cupti", kernels
     except Exception:  # no CUPTI here: wall time, host overhead included
         return _timing.wall_ms(fn, args, iterations), "wall", None
+
+
+def dense_gemms(t, d):
+    """The (m, n, k), a_major, b_major of a dense layer step's GEMMs, as
+    jax_cluster.linear runs them: forward, dx = dz·Wᵀ, dW = xᵀ·dz."""
+    return {"forward": ((t, 4 * d, d), "k", "n"), "dx": ((t, d, 4 * d), "k", "k"),
+            "dW": ((d, 4 * d, t), "m", "n")}
+
+
+def autotune_dense(t, d) -> dict:
+    """Autotunes the layer's GEMMs into the cache; {GEMM: the winner's label}."""
+    import jax_cluster
+    from jax_cluster.tuning import _label
+    won = {}
+    for name, (mnk, a_major, b_major) in dense_gemms(t, d).items():
+        result = jax_cluster.autotune([mnk], dtype=DTYPE, a_major=a_major, b_major=b_major,
+                                      progress=False)[mnk]
+        won[name] = {"winner": _label(result.overrides) if result.overrides else None,
+                     "ms": result.ms, "xla_ms": result.xla_ms}
+    return won
 
 
 def footprint(compiled) -> dict:
@@ -165,7 +189,8 @@ def plot(payload, path):
                       [r["flax"]["tflops"] for r in rows], [r["jax_cluster"]["tflops"] for r in rows],
                       baseline_label="Flax / XLA", ratios=[r["speedup"] for r in rows],
                       ylabel="TFLOP/s (forward + backward)",
-                      title=f"Flax layers, {payload['device']}")
+                      title=f"Flax layers, {payload['device']}"
+                            + (" (jax_cluster autotuned)" if payload.get("plans") == "autotuned" else ""))
 
 
 def plot_if_possible(payload, path):
@@ -187,10 +212,23 @@ def main(argv=None):
     parser.add_argument("--only", choices=["dense", "moe"], default=None)
     parser.add_argument("--kernels", action="store_true",
                         help="also list each side's kernels, from the timed iterations")
+    parser.add_argument("--dense", default=None,
+                        help="dense shapes to run instead of the default ones, e.g. 2048x2048")
+    parser.add_argument("--autotune", action="store_true",
+                        help="autotune each dense layer's GEMMs first; jax_cluster's side runs "
+                             "the winners (MoE layers are skipped)")
     args = parser.parse_args(argv)
+    dense = DENSE if args.dense is None else [
+        tuple(int(v) for v in s.split("x")) for s in args.dense.split(",")]
     cases = [("dense", (1024, 256)), ("moe", (2048, 256, 128, 8, 2))] if args.quick else (
-        [("dense", s) for s in DENSE] + [("moe", s) for s in MOE])
-    cases = [c for c in cases if args.only in (None, c[0])]
+        [("dense", s) for s in dense] + [("moe", s) for s in MOE])
+    cases = [c for c in cases if args.only in (None, c[0]) and not (args.autotune and c[0] == "moe")]
+    stem = "layers_bf16_autotuned" if args.autotune else "layers_bf16"
+    if args.autotune:
+        import tempfile
+        import jax_cluster
+        os.environ.setdefault("JAX_CLUSTER_CACHE_DIR", tempfile.mkdtemp(prefix="jax_cluster_tune_"))
+        jax_cluster.use_autotune_cache(True)
     device = common.device_name()
     out_dir = args.out or pathlib.Path(__file__).parent / "results" / device.lower().replace(" ", "_")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -199,11 +237,21 @@ def main(argv=None):
                          f"ms = median of {args.rounds} interleaved rounds of {args.iterations} steps",
                          "dense FLOPs = 3 GEMMs of 2*T*D*4D; moe FLOPs = 9 grouped GEMMs of "
                          "2*T*top_k*D*H"], "rows": []}
+    payload["plans"] = "autotuned" if args.autotune else "planner"
+    if args.autotune:
+        payload["notes"].append("jax_cluster's side runs the autotuned plan of each GEMM "
+                                "(jax_cluster.autotune; 'XLA dot' means XLA's dot won); "
+                                "each row's 'autotuned' names the winners")
     print(f"{device}: {'layer':<6} {'shape':<26} {'flax ms':>9} {'ours ms':>9} {'speedup':>8} "
           f"{'rel err':>9}")
     for kind, shape in cases:
+        tuned = autotune_dense(*shape) if args.autotune else None
         row = bench(kind, shape, args.iterations, args.rounds, breakdown=args.kernels,
                     hlo_dir=out_dir if args.hlo else None)
+        if tuned is not None:
+            row["autotuned"] = tuned
+            print("    autotuned: " + "; ".join(f"{g} {w['winner']} {w['ms']} ms (XLA {w['xla_ms']})"
+                                             for g, w in tuned.items()))
         jax.clear_caches()  # the last case's executables and buffers must not crowd this one
         gc.collect()
         payload["rows"].append(row)
@@ -217,7 +265,7 @@ def main(argv=None):
         print(f"{'':>{len(device) + 1}} {kind:<6} {'x'.join(map(str, shape)):<26} "
               f"{row['flax']['ms']:9.3f} {row['jax_cluster']['ms']:9.3f} {row['speedup']:8.2f} "
               f"{row['max_rel_err_vs_flax']:9.2e}", flush=True)
-        common.write_results(out_dir, "layers_bf16", payload, plot_if_possible)
+        common.write_results(out_dir, stem, payload, plot_if_possible)
     for row in payload["rows"] if args.kernels else []:
         for side in ("flax", "jax_cluster"):
             listed = row.get(side, {}).get("kernels", [])

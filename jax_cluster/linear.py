@@ -9,7 +9,8 @@ GEMM's output, where the fused epilogue would only slow the GEMM (the H200's
 2048x2048->8192 layer step: 0.323 ms with the bias fused, 0.314 ms without;
 Flax 0.301; rejected_rows_session9.log). Without an activation the fused
 kernel writes the layer's output, so it stays. The backward pass is two
-jax_cluster GEMMs plus XLA's elementwise work on z.
+jax_cluster GEMMs plus XLA's elementwise work on z, the same graph as behind
+Flax's nnx.Linear (the H200 gave gradients bitwise equal to Flax's at 2048x2048).
 """
 from __future__ import annotations
 
@@ -103,25 +104,34 @@ def _linear_fwd(config, x, kernel, bias, residual):
 def _linear_bwd(config, saved, dy):
     activation, alpha, beta, b_major, out_dtype = config
     x, kernel, z0, bias, residual = saved
-    # act' runs on XLA in z's dtype, as it does behind Flax's own layers, and
-    # the bias gradient sums the dz that the GEMMs read: the same graph, which
-    # XLA fuses into one pass over z0 (act' in f32 took two passes on the H200).
     if z0 is None:
         dz = dy.astype(out_dtype)
+        dz_in = (dz if alpha == 1.0 else alpha * dz).astype(x.dtype)
+        dbias = _sum_rows(dz) if bias is not None else None
+        dresidual = (beta * dz).astype(dz.dtype) if residual is not None else None
     else:
-        z = _pre_activation(z0, bias, residual, alpha, beta)
-        _, act_vjp = jax.vjp(activation_fn(activation), z)
-        (dz,) = act_vjp(dy.astype(z.dtype))
-    dz_in = (dz if alpha == 1.0 else alpha * dz).astype(x.dtype)
+        # The VJP of the forward's own XLA graph, so the backward is Flax's:
+        # act' in z's dtype and the bias gradient as the transpose of its
+        # broadcast, a reduce in z's dtype. jnp.sum's float32 upcast made that
+        # reduce 0.0112 ms against Flax's 0.0080 at 2048x8192 on the H200.
+        def act_of_parts(z0, bias, residual):
+            return activation_fn(activation)(_pre_activation(z0, bias, residual, alpha, beta))
+
+        _, act_vjp = jax.vjp(act_of_parts, z0, bias, residual)
+        dz_in, dbias, dresidual = act_vjp(dy.astype(z0.dtype))
+        dz_in = dz_in.astype(x.dtype)
     flip = {"n": "k", "k": "n"}[b_major]
     dx = gemm(dz_in, kernel, a_major="k", b_major=flip, out_dtype=x.dtype)    # dz · Wᵀ
     if b_major == "n":   # kernel [K,N]: dW = xᵀ · dz
         dkernel = gemm(x, dz_in, a_major="m", b_major="n", out_dtype=kernel.dtype)
     else:                # kernel [N,K]: dW = dzᵀ · x
         dkernel = gemm(dz_in, x, a_major="m", b_major="n", out_dtype=kernel.dtype)
-    dbias = dz.sum(axis=0) if bias is not None else None
-    dresidual = (beta * dz).astype(dz.dtype) if residual is not None else None
     return dx, dkernel, dbias, dresidual
+
+
+def _sum_rows(dz):
+    """The bias gradient of a broadcast add, as its transpose: a reduce in dz's dtype."""
+    return jax.lax.reduce(dz, np.zeros((), dz.dtype), jax.lax.add, (0,))
 
 
 _linear.defvjp(_linear_fwd, _linear_bwd)

@@ -71,6 +71,23 @@ def test_gradients_match_the_reference(activation):
         assert rel_error(got, want) < 1e-5
 
 
+@pytest.mark.parametrize("activation", ["none", "gelu"])
+def test_bias_gradient_is_flax_reduce_in_the_output_dtype(activation):
+    """The bias gradient is the transpose of the bias broadcast, a bf16 reduce,
+    as behind nnx.Linear: no float32 pass of its own (0.0112 ms against 0.0080
+    at 2048x8192 on the H200), and the H200 gives Flax's bits."""
+    x, w, b = randn((32, 16), jnp.bfloat16), randn((16, 24), jnp.bfloat16), randn((24,), jnp.bfloat16)
+    grad = jax.grad(lambda b: jnp.sum(jax_cluster.linear(x, w, b, activation=activation)
+                                      .astype(jnp.float32) ** 2))
+    reduces = [e for e in jax.make_jaxpr(grad)(b).jaxpr.eqns
+               if e.primitive.name == "reduce_sum" and e.outvars[0].aval.shape == (24,)]
+    assert reduces and all(e.invars[0].aval.dtype == jnp.bfloat16 for e in reduces)
+    got = grad(b)
+    assert got.dtype == jnp.bfloat16
+    want = jax.grad(lambda b: jnp.sum(reference(x, w, b, activation=activation) ** 2))(b)
+    assert rel_error(got, want) < tolerance(jnp.bfloat16)
+
+
 def test_gradient_of_nk_kernel_keeps_its_layout():
     x, w = randn((6, 16), jnp.float32), randn((12, 16), jnp.float32)
     g = jax.grad(lambda w: jax_cluster.linear(x, w, kernel_layout="nk", activation="gelu").sum())(w)

@@ -3,6 +3,8 @@
 // The sm90 and sm100 families are policy choices over this template.
 #pragma once
 
+#include <mutex>
+#include <set>
 #include <type_traits>
 
 #include <cuda_runtime_api.h>
@@ -71,19 +73,84 @@ int occupancy_max_active_clusters(int device_id) {
   return clusters;
 }
 
+// Sets the kernel's shared-memory size (and, on sm90, the non-portable
+// cluster permission) once per device. CUTLASS's adapter sets the first in
+// every initialize() (2.1 us of host time per call on the H200) and its
+// cluster launcher the second on every launch (a 2x1-cluster launch took
+// 2.5 us more than a 1x1 one's 3.4); host_phases_session10.log.
+template <class Kernel>
+cudaError_t set_kernel_attributes_once() {
+  static std::mutex mu;
+  static std::set<int> done;
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  std::lock_guard<std::mutex> lock(mu);
+  if (done.count(device)) return cudaSuccess;
+  const void* fn = reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>);
+  int smem = static_cast<int>(Kernel::SharedStorageSize);
+  if (smem >= (48 << 10)) {
+    if (cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        err != cudaSuccess)
+      return err;
+  }
+  if constexpr (Kernel::ArchTag::kMinComputeCapability == 90) {
+    if (cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+        err != cudaSuccess)
+      return err;
+  }
+  done.insert(device);
+  return cudaSuccess;
+}
+
+// sm90: the adapter's launch without its per-launch attribute call. sm100
+// keeps the adapter's own launch (its cluster fallback), which nothing here can run.
+template <class Gemm>
+cudaError_t launch_kernel(typename Gemm::GemmKernel::Params& params, cudaStream_t stream) {
+  using Kernel = typename Gemm::GemmKernel;
+  if constexpr (Kernel::ArchTag::kMinComputeCapability == 90) {
+    using Cluster = typename Kernel::DispatchPolicy::ClusterShape;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = Gemm::get_grid_shape(params);
+    config.blockDim = Kernel::get_block_shape();
+    config.dynamicSmemBytes = Kernel::SharedStorageSize;
+    config.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cute::size<0>(Cluster{});
+    attr[0].val.clusterDim.y = cute::size<1>(Cluster{});
+    attr[0].val.clusterDim.z = cute::size<2>(Cluster{});
+    config.attrs = attr;
+    config.numAttrs = cute::size(Cluster{}) > 1 ? 1 : 0;
+    void* args[] = {&params};
+    return cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>),
+                               args);
+  } else {
+    return Gemm::run(params, stream) == cutlass::Status::kSuccess ? cudaGetLastError()
+                                                                  : cudaErrorLaunchFailure;
+  }
+}
+
 // Checks, initialises the workspace (stream-ordered) and launches one CUTLASS
-// GEMM; never synchronises, so it is safe inside CUDA graph capture.
+// GEMM: the adapter's initialize() and run(), with the function attributes set
+// once. Never synchronises, so it is safe inside CUDA graph capture.
 template <class Gemm>
 const char* initialize_and_run(typename Gemm::Arguments const& args, void* workspace,
                                cudaStream_t stream) {
+  using Kernel = typename Gemm::GemmKernel;
   if (Gemm::can_implement(args) != cutlass::Status::kSuccess)
     return "CUTLASS cannot implement this problem (alignment or shape)";
-  Gemm gemm;
-  if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess)
-    return "kernel initialisation failed (shared memory attribute or workspace)";
-  if (gemm.run(stream) != cutlass::Status::kSuccess) return "kernel launch failed";
-  cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+  if (set_kernel_attributes_once<Kernel>() != cudaSuccess) {
+    cudaGetLastError();
+    return "kernel initialisation failed (shared memory or cluster attribute)";
+  }
+  if (Kernel::initialize_workspace(args, workspace, stream, nullptr) != cutlass::Status::kSuccess)
+    return "kernel initialisation failed (workspace)";
+  typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
+  if (cudaError_t err = launch_kernel<Gemm>(params, stream); err != cudaSuccess) {
+    cudaGetLastError();
+    return cudaGetErrorString(err);
+  }
+  return nullptr;
 }
 
 // SwapAB: the kernel computes D^T = B^T·A^T, so a small M lands on the MMA's
