@@ -55,6 +55,10 @@ def measure(n, length, rounds):
              "xla": lambda x, y: x @ y}
     row = {"size": n, "chain": length, "jax_cluster_runs": plan.variant if plan.uses_kernel else "XLA"}
     fns = {side: chain(mm, length) for side, mm in sides.items()}
+    got, want = (jnp.asarray(fns[side](a, b), jnp.float32) for side in ("jax_cluster", "xla"))
+    row["rel_err_vs_xla"] = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
+    if not jnp.isfinite(got).all():
+        raise RuntimeError(f"{n}^3: jax_cluster's chain produced non-finite values")
     walls = {side: [] for side in sides}
     for r in range(rounds):  # interleaved
         for side in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
@@ -99,7 +103,8 @@ def main():
         ours, xla = row["jax_cluster"], row["xla"]
         print(f"{n}^3 bf16 ({row['jax_cluster_runs']}): jax_cluster wall {ours['wall_us']:.2f} us "
               f"(device {ours['device_us']}) | XLA wall {xla['wall_us']:.2f} us "
-              f"(device {xla['device_us']})", flush=True)
+              f"(device {xla['device_us']}); chain's rel err vs XLA {row['rel_err_vs_xla']:.1e}",
+              flush=True)
     if args.out:
         stem = "host_overhead_bf16" + ("_nocb" if "enable_command_buffer=" in flags else "")
         common.write_results(args.out, stem, payload, plot)

@@ -16,23 +16,32 @@ from jax_cluster import _ffi  # noqa: E402
 
 
 def _cuda_kernel_device():
+    """(the device the GPU tests run on, or None; why not)."""
     try:
         devices = jax.devices("gpu")
     except RuntimeError:
-        return None
-    if not devices or not _ffi.with_kernels():
-        return None
+        return None, "no CUDA GPU"
+    if not devices:
+        return None, "no CUDA GPU"
+    if not _ffi.with_kernels():
+        # a GPU but no kernels: often a source tree shadowing the installed wheel
+        # (python -m pytest from the repository root puts it first on sys.path)
+        return None, (f"a GPU, but jax_cluster from {os.path.dirname(jax_cluster.__file__)} "
+                      f"has no kernels: {_ffi.why_no_kernels()}")
     dev = jax_cluster.device.describe(devices[0])
-    return devices[0] if dev.arch is not None else None
+    if dev.arch is None:
+        return None, f"{dev.name} is neither sm90 nor sm100"
+    return devices[0], ""
 
 
-GPU = _cuda_kernel_device()
+GPU, WHY_NO_GPU = _cuda_kernel_device()
 
 
 def pytest_collection_modifyitems(config, items):
     if GPU is not None:
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (sm90/sm100) and a build with kernels")
+    skip = pytest.mark.skip(reason=f"needs a CUDA GPU (sm90/sm100) and a build with kernels: "
+                                   f"{WHY_NO_GPU}")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
