@@ -2,15 +2,19 @@
 Flax's own, from the same initial parameters and data, and compares the
 loss curves and step times.
 
-    python examples/train_block.py [--steps 200] [--dtype bfloat16|float32]
+    python examples/train_block.py [--steps 200] [--dtype bfloat16|float32] [--out DIR]
 
 The block: causal attention (plain jnp), a dense MLP (Linear + bias + gelu,
 one fused kernel on jax_cluster's side)
 and a mixture-of-experts MLP (top-2 of 4 experts), each behind a LayerNorm
 and a residual. The task is synthetic: recall the previous token, x[t-1].
-Exits non-zero if the two curves differ by more than the tolerance.
+Exits non-zero if the two curves differ by more than the tolerance. --out
+writes both curves and step times to DIR/train_block_<dtype>.json and the
+curves to a .png beside it (the PNG needs matplotlib).
 """
 import argparse
+import json
+import pathlib
 import sys
 import time
 
@@ -116,6 +120,8 @@ def main(argv=None):
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--tolerance", type=float, default=None,
                         help="max |loss difference| / first loss (default 3e-2 bf16, 1e-4 f32)")
+    parser.add_argument("--out", type=pathlib.Path, default=None,
+                        help="directory for train_block_<dtype>.json and .png")
     args = parser.parse_args(argv)
     dtype = jnp.dtype(args.dtype)
     tolerance = args.tolerance
@@ -135,7 +141,40 @@ def main(argv=None):
     print(f"max |loss difference| {diff * theirs[0]:.2e} ({diff:.2e} of the first loss, "
           f"tolerance {tolerance:.0e})")
     print(f"step time: jax_cluster {our_time * 1e3:.2f} ms, flax {their_time * 1e3:.2f} ms")
+    if args.out is not None:
+        record = {"device": jax.devices()[0].device_kind, "platform": jax.devices()[0].platform,
+                  "dtype": args.dtype, "steps": args.steps, "loss": {"jax_cluster": ours, "flax": theirs},
+                  "max_difference_of_first_loss": diff, "tolerance": tolerance,
+                  "step_ms": {"jax_cluster": our_time * 1e3, "flax": their_time * 1e3},
+                  "notes": ["step_ms: wall time per step after the first, host included"]}
+        write_record(args.out, f"train_block_{args.dtype}", record)
     return 0 if diff <= tolerance else 1
+
+
+def write_record(out_dir, stem, record):
+    """The run as JSON, and its two loss curves as a PNG when matplotlib is there."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stem}.json").write_text(json.dumps(record, indent=1))
+    try:
+        import matplotlib
+    except ImportError:
+        print("no plot (matplotlib is not installed)")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for side, losses in record["loss"].items():
+        steps = record.get("loss_steps", range(len(losses)))
+        ax.plot(list(steps), losses, label=f"{side} ({record['step_ms'][side]:.2f} ms/step)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_yscale("log")
+    ax.set_title(f"train_block, {record['dtype']}, {record['device']}: max gap "
+                 f"{record['max_difference_of_first_loss']:.1e} of the first loss")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / f"{stem}.png", dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

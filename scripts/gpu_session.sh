@@ -94,7 +94,7 @@ for part in ${STEPS:-tests bench grid}; do
     ragged) step "ragged_dot benchmark"
            "$PY" benchmarks/bench_ragged.py --out "$LOGS" ${RAGGED_ARGS:-} 2>&1 | tee "$LOGS/ragged.log" ;;
     train) step "examples: train_block (jax_cluster vs flax) and expert_parallel"
-           { "$PY" examples/train_block.py && "$PY" examples/expert_parallel.py --dtype bfloat16; } \
+           { "$PY" examples/train_block.py --out "$LOGS" && "$PY" examples/expert_parallel.py --dtype bfloat16; } \
              2>&1 | tee "$LOGS/train.log" ;;
     grid)  step "size grid"  # autotuning the reference dots would dominate its compile time
            XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" "$PYTEST" -q -rs -s -p no:cacheprovider -k size_grid tests 2>&1 | tee "$LOGS/grid.log" | tail -25 ;;

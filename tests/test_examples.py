@@ -1,5 +1,6 @@
 """The examples run, briefly, and agree with their references (CPU: the fallback)."""
 import importlib.util
+import json
 import os
 import pathlib
 import subprocess
@@ -22,6 +23,15 @@ def test_train_block_curves_agree():
     run = run_example("train_block.py", "--steps", "6")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "max |loss difference|" in run.stdout and "step time" in run.stdout
+
+
+def test_train_block_writes_its_record(tmp_path):
+    run = run_example("train_block.py", "--steps", "4", "--out", str(tmp_path))
+    assert run.returncode == 0, run.stdout + run.stderr
+    record = json.loads((tmp_path / "train_block_bfloat16.json").read_text())
+    assert len(record["loss"]["jax_cluster"]) == len(record["loss"]["flax"]) == 4
+    assert set(record["step_ms"]) == {"jax_cluster", "flax"}
+    assert record["max_difference_of_first_loss"] <= record["tolerance"]
 
 
 def test_train_block_measures_curves_against_the_first_loss():
