@@ -44,7 +44,7 @@ def step_rows(t, d, rounds):
     (ours, ocall), (flaxs, fcall) = bench_layers.dense_pair(d)
     sides = {"jax_cluster": bench_layers.step_fn(ours, ocall),
              "flax": bench_layers.step_fn(flaxs, fcall)}
-    param_bytes = 2 * (d * 4 * d + 4 * d)
+    param_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(sides["jax_cluster"][1]))
     sets = _timing.rotation(t * d * 2 + param_bytes)
     keys = jax.random.split(jax.random.key(1), sets)
     inputs = [common.randn(k, (t, d), jnp.bfloat16) for k in keys]

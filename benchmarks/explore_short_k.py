@@ -23,33 +23,29 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import common  # noqa: E402
-from jax_cluster import _timing, variants
+from jax_cluster import _timing, tuning, variants
 from jax_cluster.plan import plan_gemm
 from jax_cluster.primitives import gemm
 from jax_cluster.selftest import TOLERANCE
-from jax_cluster.tuning import _operands, _reference, _relative_error
 
 
 def candidates(m, n, k, a_major, b_major):
+    """autotune's candidates (the planner's own filter) but XLA, split-K and
+    swap-AB rows, each at every swizzle: (overrides, plan) pairs."""
+    swapped = {v.name for v in variants.load_menu() if v.swap_ab}
     found = []
-    for v in variants.load_menu():
-        if v.problem != "dense" or v.epilogue != "none" or v.dtype != "bf16" or v.out != "bf16":
+    for base in tuning.candidates(m, n, k, dtype=jnp.bfloat16, a_major=a_major, b_major=b_major):
+        if base.get("path") == "xla" or base["schedule"] == "split_k" or base["variant"] in swapped:
             continue
-        if (v.a_major, v.b_major) != (a_major, b_major) or v.swap_ab:
-            continue
-        for schedule in v.schedules:
-            if schedule == "split_k":
+        for swizzle in (1, 2, 4, 8):
+            pinned = {**base, "swizzle": swizzle}
+            try:
+                plan = plan_gemm(m, n, k, dtype=jnp.bfloat16, a_major=a_major, b_major=b_major,
+                                 **pinned)
+            except ValueError:  # a swizzle this row's scheduler does not take
                 continue
-            for raster in ("along_m", "along_n"):
-                for swizzle in (1, 2, 4, 8):
-                    pinned = dict(variant=v.name, schedule=schedule, raster=raster, swizzle=swizzle)
-                    try:
-                        plan = plan_gemm(m, n, k, dtype=jnp.bfloat16, a_major=a_major,
-                                         b_major=b_major, allow_nonportable_cluster=True, **pinned)
-                    except (ValueError, TypeError):
-                        continue
-                    if plan.uses_kernel:
-                        found.append((pinned, plan))
+            if plan.uses_kernel:
+                found.append((pinned, plan))
     return found
 
 
@@ -65,14 +61,14 @@ def main():
     rows = []
     for layout in args.layouts.split(","):
         a_major, b_major = layout
-        ops = _operands(jax.random.key(int.from_bytes(os.urandom(4), "little")), m, n, k, 1,
+        ops = tuning._operands(jax.random.key(int.from_bytes(os.urandom(4), "little")), m, n, k, 1,
                         jnp.bfloat16, jnp.bfloat16, a_major, b_major, jax.devices()[0])
-        ref = _reference(*ops[0], a_major, b_major)
+        ref = tuning._reference(*ops[0], a_major, b_major)
         fns = {"XLA dot": _reference_bf16(a_major, b_major)}
         for pinned, plan in candidates(m, n, k, a_major, b_major):
             fn = functools.partial(gemm, a_major=a_major, b_major=b_major,
                                    out_dtype=np.dtype(jnp.bfloat16), plan=plan)
-            err = float(_relative_error(jax.jit(fn)(*ops[0]), ref))
+            err = float(tuning._relative_error(jax.jit(fn)(*ops[0]), ref))
             label = (f"{pinned['variant'].split('bf16_bf16_')[1]} {pinned['schedule']} "
                      f"{pinned['raster']} sw{pinned['swizzle']}")
             if not err <= TOLERANCE["bf16"]:

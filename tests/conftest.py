@@ -20,7 +20,7 @@ def _cuda_kernel_device():
     try:
         devices = jax.devices("gpu")
     except RuntimeError:
-        return None, "no CUDA GPU"
+        devices = []
     if not devices:
         return None, "no CUDA GPU"
     if not _ffi.with_kernels():

@@ -43,36 +43,6 @@ struct BiasActEpilogue {  // D = act(alpha * A·B + beta * C + bias[n])
       RuntimeActivation, ElementD, float, ElementD, ElementD, float>;
 };
 
-// Clusters of this kernel that fit on the device at once, counting the
-// dynamic shared memory it really uses; 0 if the query fails.
-template <class Kernel>
-int occupancy_max_active_clusters(int device_id) {
-  int previous = 0;
-  if (cudaGetDevice(&previous) != cudaSuccess) return 0;
-  if (previous != device_id && cudaSetDevice(device_id) != cudaSuccess) return 0;
-  const void* fn = reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>);
-  int smem = static_cast<int>(Kernel::SharedStorageSize);
-  int clusters = 0;
-  if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
-      cudaSuccess) {
-    cudaLaunchConfig_t config = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cute::size<0>(typename Kernel::ClusterShape{});
-    attr[0].val.clusterDim.y = cute::size<1>(typename Kernel::ClusterShape{});
-    attr[0].val.clusterDim.z = 1;
-    config.gridDim = dim3(attr[0].val.clusterDim.x, attr[0].val.clusterDim.y, 1);
-    config.blockDim = dim3(Kernel::MaxThreadsPerBlock, 1, 1);
-    config.dynamicSmemBytes = smem;
-    config.attrs = attr;
-    config.numAttrs = 1;
-    if (cudaOccupancyMaxActiveClusters(&clusters, fn, &config) != cudaSuccess) clusters = 0;
-  }
-  cudaGetLastError();  // a failed query must not poison the next launch
-  if (previous != device_id) cudaSetDevice(previous);
-  return clusters;
-}
-
 // Sets the kernel's shared-memory size (and, on sm90, the non-portable
 // cluster permission) once per device. CUTLASS's adapter sets the first in
 // every initialize() (2.1 us of host time per call on the H200) and its
@@ -100,6 +70,35 @@ cudaError_t set_kernel_attributes_once() {
   }
   done.insert(device);
   return cudaSuccess;
+}
+
+// Clusters of this kernel that fit on the device at once, counting the
+// dynamic shared memory it really uses; 0 if the query fails.
+template <class Kernel>
+int occupancy_max_active_clusters(int device_id) {
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess) return 0;
+  if (previous != device_id && cudaSetDevice(device_id) != cudaSuccess) return 0;
+  const void* fn = reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>);
+  int smem = static_cast<int>(Kernel::SharedStorageSize);
+  int clusters = 0;
+  if (set_kernel_attributes_once<Kernel>() == cudaSuccess) {
+    cudaLaunchConfig_t config = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cute::size<0>(typename Kernel::ClusterShape{});
+    attr[0].val.clusterDim.y = cute::size<1>(typename Kernel::ClusterShape{});
+    attr[0].val.clusterDim.z = 1;
+    config.gridDim = dim3(attr[0].val.clusterDim.x, attr[0].val.clusterDim.y, 1);
+    config.blockDim = dim3(Kernel::MaxThreadsPerBlock, 1, 1);
+    config.dynamicSmemBytes = smem;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&clusters, fn, &config) != cudaSuccess) clusters = 0;
+  }
+  cudaGetLastError();  // a failed query must not poison the next launch
+  if (previous != device_id) cudaSetDevice(previous);
+  return clusters;
 }
 
 // sm90: the adapter's launch without its per-launch attribute call. sm100
