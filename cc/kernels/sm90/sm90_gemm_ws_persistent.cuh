@@ -44,11 +44,13 @@ struct Pingpong {
 
 template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
           int TileK, int ClusterM, int ClusterN, int Stages, class Kind,
-          class Epilogue = PlainEpilogue, bool SwapAB = false>
+          class Epilogue = PlainEpilogue, bool SwapAB = false,
+          class EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto>
 using GemmWsPersistent = CutlassUniversalGemm<
     cutlass::arch::Sm90, ElementAB, ElementD, LayoutA, LayoutB,
     cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>,
     cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>, Stages,
-    typename Kind::Mainloop, typename Kind::Epilogue, typename Kind::Scheduler, Epilogue, SwapAB>;
+    typename Kind::Mainloop, typename Kind::Epilogue, typename Kind::Scheduler, Epilogue, SwapAB,
+    EpilogueTile>;
 
 }  // namespace jax_cluster::sm90
