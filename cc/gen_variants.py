@@ -53,10 +53,6 @@ def _template(v) -> str:
     epilogue = {"none": "", "bias_act": ", BiasActEpilogue"}[v.epilogue]
     if v.swap_ab:
         epilogue = ", PlainEpilogue, true"
-    if v.epi_tile is not None:  # sm90a, never swapped (variants._check_epi_tile)
-        fusion = "BiasActEpilogue" if v.epilogue == "bias_act" else "PlainEpilogue"
-        epilogue = (f", {fusion}, false, cute::Shape<cute::Int<{v.epi_tile[0]}>, "
-                    f"cute::Int<{v.epi_tile[1]}>>")
     if v.arch == "sm90a":
         kind = {"cooperative": "sm90::Cooperative", "cooperative_dynamic": "sm90::CooperativeDynamic",
                 "pingpong": "sm90::Pingpong"}[v.kind]

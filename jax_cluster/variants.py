@@ -56,10 +56,6 @@ class Variant:
     # 32 or 64 rows, where a cooperative M tile is 128 (small-M, memory-bound rows).
     # The tile stays in the caller's terms (tile_m rows of M).
     swap_ab: bool = False
-    # The epilogue's store sub-tile (M, N), or None for CUTLASS's own choice
-    # (sm90a: 128x32 cooperative, 64x32 ping-pong). Fewer, larger sub-tiles
-    # mean fewer barrier rounds per tile at the cost of shared memory.
-    epi_tile: tuple[int, int] | None = None
 
     @property
     def mma(self) -> str:
@@ -90,10 +86,9 @@ class Variant:
         problem = "" if self.problem == "dense" else f"{self.problem}_"
         epilogue = "" if self.epilogue == "none" else f"_{self.epilogue}"
         swap = "_swapab" if self.swap_ab else ""
-        epi = "" if self.epi_tile is None else "_e{}x{}".format(*self.epi_tile)
         return (f"{self.family}_{problem}{self.dtype}_{self.out}_{self.a_major}{self.b_major}_"
                 f"{self.tile_m}x{self.tile_n}x{self.tile_k}_c{self.cluster_m}x{self.cluster_n}_"
-                f"s{self.stages}_{self.kind}{epilogue}{swap}{epi}")
+                f"s{self.stages}_{self.kind}{epilogue}{swap}")
 
 
 def _check(row: dict, family: dict) -> None:
@@ -115,25 +110,6 @@ def _check(row: dict, family: dict) -> None:
         raise ValueError(f"variants.json: swap_ab needs a plain dense sm90a cooperative row: {row}")
     if family["arch"] not in ("sm90a", "sm100a"):
         raise ValueError(f"variants.json: unknown arch {family['arch']!r}")
-    if "epi_tile" in row:
-        _check_epi_tile(row, family)
-
-
-# CUTLASS's sm90 epilogue takes sub-tiles of 128 rows (cooperative: both
-# consumer warp groups store together) or 64 (ping-pong: one warp group).
-_EPI_TILE_M = {"cooperative": 128, "cooperative_dynamic": 128, "pingpong": 64}
-
-
-def _check_epi_tile(row: dict, family: dict) -> None:
-    epi = row["epi_tile"]
-    rows_m = _EPI_TILE_M.get(row["kind"])
-    if family["arch"] != "sm90a" or rows_m is None or row.get("swap_ab", False) or (
-            row.get("problem", "dense") != "dense"):
-        raise ValueError(f"variants.json: epi_tile needs a dense sm90a row, not swapped: {row}")
-    if (len(epi) != 2 or epi[0] != rows_m or epi[1] % 16 or row["tile"][1] % epi[1]
-            or row["tile"][0] % epi[0]):
-        raise ValueError(f"variants.json: epi_tile {epi} must be {rows_m} rows by a multiple "
-                         f"of 16 columns that divides the tile {row['tile'][:2]}: {row}")
 
 
 @functools.cache
@@ -148,8 +124,7 @@ def load_menu(path: pathlib.Path = MENU_PATH) -> tuple[Variant, ...]:
         out.append(Variant(row["family"], family["arch"], row["kind"], tm, tn, tk, cm, cn,
                            row["stages"], row["dtype"], row["out"], row["a_major"],
                            row["b_major"], family["header"], row.get("problem", "dense"),
-                           row.get("epilogue", "none"), bool(row.get("swap_ab", False)),
-                           tuple(row["epi_tile"]) if "epi_tile" in row else None))
+                           row.get("epilogue", "none"), bool(row.get("swap_ab", False))))
     names = [v.name for v in out]
     if len(set(names)) != len(names):
         raise ValueError("variants.json: two rows give the same variant")

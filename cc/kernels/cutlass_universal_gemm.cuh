@@ -156,13 +156,10 @@ const char* initialize_and_run(typename Gemm::Arguments const& args, void* works
 // N side (wgmma N can be 8..256, while a cooperative M tile is 128). D^T is
 // column-major, which is D row-major; LayoutA/LayoutB and the tile are the
 // swapped problem's, and GemmProblem keeps the caller's (m, n, a, b).
-// EpilogueTile: the sub-tile the epilogue stores per step (its menu row's
-// "epi_tile"); CUTLASS's own choice unless the row names one.
 template <class Arch, class ElementAB, class ElementD, class LayoutA, class LayoutB,
           class TileShape, class ClusterShape, int Stages, class MainloopSchedule,
           class EpilogueSchedule, class TileScheduler, class Epilogue = PlainEpilogue,
-          bool SwapAB = false,
-          class EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto>
+          bool SwapAB = false>
 struct CutlassUniversalGemm {
   static constexpr int kAlignAB = 16 / sizeof(ElementAB);
   static constexpr int kAlignD = 16 / sizeof(ElementD);
@@ -171,7 +168,8 @@ struct CutlassUniversalGemm {
   using LayoutD = std::conditional_t<SwapAB, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      Arch, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape, EpilogueTile, float, float,
+      Arch, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float,
       typename Epilogue::template ElementC<ElementD>, LayoutD, kAlignD,
       ElementD, LayoutD, kAlignD, EpilogueSchedule,
       typename Epilogue::template FusionOp<ElementD>>::CollectiveOp;
