@@ -11,18 +11,18 @@ XLA_FLAGS=--xla_gpu_enable_command_buffer= to see XLA's command buffers' share.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import pathlib
 import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import common  # noqa: E402
-from jax_cluster import _timing  # noqa: E402
+from jax_cluster import _timing, tuning  # noqa: E402
 from jax_cluster.plan import plan_gemm  # noqa: E402
 from jax_cluster.primitives import gemm  # noqa: E402
 
@@ -37,14 +37,6 @@ def chain(mm, length):
     return jax.jit(run)
 
 
-def wall_us_per_gemm(fn, a, b, length, calls=50):
-    jax.block_until_ready(fn(a, b))
-    start = time.perf_counter()
-    outs = [fn(a, b) for _ in range(calls)]
-    jax.block_until_ready(outs)
-    return (time.perf_counter() - start) * 1e6 / calls / length
-
-
 def measure(n, length, rounds):
     ka, kb = jax.random.split(jax.random.key(n))
     # scaled so a chain of products stays O(1)
@@ -56,13 +48,13 @@ def measure(n, length, rounds):
     row = {"size": n, "chain": length, "jax_cluster_runs": plan.variant if plan.uses_kernel else "XLA"}
     fns = {side: chain(mm, length) for side, mm in sides.items()}
     got, want = (jnp.asarray(fns[side](a, b), jnp.float32) for side in ("jax_cluster", "xla"))
-    row["rel_err_vs_xla"] = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
-    if not jnp.isfinite(got).all():
+    row["rel_err_vs_xla"] = float(tuning._relative_error(got, want))
+    if not math.isfinite(row["rel_err_vs_xla"]):
         raise RuntimeError(f"{n}^3: jax_cluster's chain produced non-finite values")
     walls = {side: [] for side in sides}
     for r in range(rounds):  # interleaved
         for side in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
-            walls[side].append(wall_us_per_gemm(fns[side], a, b, length))
+            walls[side].append(_timing.span_ms(fns[side], [(a, b)], calls=50) * 1e3 / length)
     for side, fn in fns.items():
         try:
             device = _timing.cupti_ms(lambda x, y, fn=fn: fn(x, y), [(a, b)], 10) * 1e3 / length
@@ -106,8 +98,8 @@ def main():
               f"(device {xla['device_us']}); chain's rel err vs XLA {row['rel_err_vs_xla']:.1e}",
               flush=True)
     if args.out:
-        stem = "host_overhead_bf16" + ("_nocb" if "enable_command_buffer=" in flags else "")
-        common.write_results(args.out, stem, payload, plot)
+        common.write_results(args.out, common.results_stem("host_overhead_bf16", flags), payload,
+                             plot)
 
 
 if __name__ == "__main__":

@@ -54,5 +54,10 @@ def plot_pairs(path, labels, baseline, ours, *, baseline_label, ours_label="jax_
     plt.close(fig)
 
 
+def results_stem(base: str, xla_flags: str) -> str:
+    """`base`, or `base`_nocb for a run with XLA's command buffers turned off."""
+    return base + ("_nocb" if "enable_command_buffer=" in xla_flags else "")
+
+
 def randn(key, shape, dtype):
     return jax.random.normal(key, shape, jnp.float32).astype(dtype)

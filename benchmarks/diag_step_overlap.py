@@ -18,7 +18,6 @@ import os
 import pathlib
 import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -26,18 +25,8 @@ import jax.numpy as jnp
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import bench_layers  # noqa: E402
 import common  # noqa: E402
-from jax_cluster import _timing  # noqa: E402
+from jax_cluster import _timing, tuning  # noqa: E402
 from jax_cluster.primitives import gemm  # noqa: E402
-
-
-def span_ms(fn, args_list, calls=20):
-    """Wall time per set of `calls` back-to-back rotated calls, synced once."""
-    rotated = jax.jit(lambda args_list: [fn(*args) for args in args_list])
-    jax.block_until_ready(rotated(args_list))
-    start = time.perf_counter()
-    outs = [rotated(args_list) for _ in range(calls)]
-    jax.block_until_ready(outs)
-    return (time.perf_counter() - start) * 1e3 / calls / len(args_list)
 
 
 def step_rows(t, d, rounds):
@@ -57,7 +46,7 @@ def step_rows(t, d, rounds):
             args = [(state, x) for x in inputs]
             ms, ks = _timing.cupti_kernels(fn, args, 10)
             res[side]["sum"].append(ms)
-            res[side]["span"].append(span_ms(fn, args))
+            res[side]["span"].append(_timing.span_ms(fn, args))
             kernels[side] = ks
     row = {"shape": [t, d], "kernels": {side: kernels[side][:8] for side in sides}}
     for side in sides:
@@ -95,7 +84,7 @@ def gemm_rows(t, d):
         hot = [rot[0]] * sets
         line, row = [], {"gemm": label}
         got, want = (jnp.asarray(jax.jit(f)(*rot[0]), jnp.float32) for f in (ours, xla))
-        row["rel_err_vs_xla"] = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
+        row["rel_err_vs_xla"] = float(tuning._relative_error(got, want))
         for side, fn in (("ours", ours), ("xla", xla)):
             cold_ms = _timing.cupti_ms(fn, rot, 10)
             hot_ms = _timing.cupti_ms(fn, hot, 10)
@@ -126,8 +115,8 @@ def main():
         payload["gemms"].append({"shape": [t, d], "rows": gemm_rows(t, d)})
         jax.clear_caches()
     if args.out:
-        stem = "step_overlap_bf16" + ("_nocb" if "enable_command_buffer=" in flags else "")
-        common.write_results(args.out, stem, payload, plot)
+        common.write_results(args.out, common.results_stem("step_overlap_bf16", flags), payload,
+                             plot)
 
 
 def plot(payload, path):

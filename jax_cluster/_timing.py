@@ -77,6 +77,18 @@ def wall_ms(fn, args_list, iterations: int = 10, warmup: int = 1) -> float:
     return statistics.median(times) * 1e3 / len(args_list)
 
 
+def span_ms(fn, args_list, calls: int = 20) -> float:
+    """Wall time of one call of `fn` over `calls` back-to-back rotated calls,
+    synced once: the device's span, gaps and host dispatch included, where
+    `wall_ms` syncs after every call."""
+    rotated = _rotated(fn)
+    _warm(rotated, args_list, 1)
+    start = time.perf_counter()
+    outs = [rotated(args_list) for _ in range(calls)]
+    jax.block_until_ready(outs)
+    return (time.perf_counter() - start) * 1e3 / calls / len(args_list)
+
+
 def cupti_works(x) -> bool:
     """Whether CUPTI can time a call on `x`'s device (mosaic's GPU library and libcupti load)."""
     try:

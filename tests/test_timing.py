@@ -32,3 +32,13 @@ def test_no_kernels_is_an_error(monkeypatch):
     monkeypatch.setattr(_timing, "_warm", lambda *a: None)
     with pytest.raises(RuntimeError, match="no kernel launches"):
         _timing.cupti_kernels(lambda x: x, [(1,)], iterations=2)
+
+
+def test_span_is_per_call_over_one_sync(monkeypatch):
+    """span_ms warms once, then times `calls` rotated calls with one sync:
+    10 calls of 2 sets that take 40 clock seconds are 2 s per call."""
+    import jax.numpy as jnp
+    clock = iter([100.0, 140.0])
+    monkeypatch.setattr(_timing.time, "perf_counter", lambda: next(clock))
+    x = jnp.ones(4)
+    assert _timing.span_ms(lambda v: v + 1, [(x,), (x,)], calls=10) == pytest.approx(2000.0)
