@@ -2,7 +2,8 @@
 
 Run by CMake at configure time:
 gen_variants.py MENU_DIR OUT_DIR ARCHS [REGEX [UNIT_SIZE]]
-(REGEX, if given, keeps only the rows whose name it matches). Rows are
+(MENU_DIR holds tables.py and variants.json: jax_cluster/planning; REGEX, if
+given, keeps only the rows whose name it matches). Rows are
 compiled UNIT_SIZE (default 1) to a translation unit: nvcc's front end costs
 most of a unit's time and barely grows with the rows in it (here one sm90a
 row took 88 s, four rows together 128 s). A unit holds rows of one family,
@@ -15,18 +16,20 @@ import pathlib
 import re
 import sys
 
-CUTLASS_TYPES = {"bf16": "cutlass::bfloat16_t", "f16": "cutlass::half_t", "f32": "float"}
 # CUTLASS layout tags: A [M,K] is RowMajor; B [N,K] is ColumnMajor.
 A_LAYOUT = {"k": "cutlass::layout::RowMajor", "m": "cutlass::layout::ColumnMajor"}
 B_LAYOUT = {"k": "cutlass::layout::ColumnMajor", "n": "cutlass::layout::RowMajor"}
+# The dense kernel template of each arch (in tables.ARCH_NAMESPACES[arch]);
+# kinds with an empty template are grouped and use GroupedGemm there.
+DENSE_TEMPLATES = {"sm90a": "GemmWsPersistent", "sm100a": "GemmTcgen05Persistent"}
 
 
-def _load_variants(menu_dir: pathlib.Path):
-    spec = importlib.util.spec_from_file_location("variants", menu_dir / "variants.py")
+def _load_tables(menu_dir: pathlib.Path):
+    spec = importlib.util.spec_from_file_location("jax_cluster_tables", menu_dir / "tables.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["variants"] = mod
+    sys.modules[spec.name] = mod  # dataclasses looks the module up while it runs
     spec.loader.exec_module(mod)
-    return mod.load_menu(menu_dir / "variants.json")
+    return mod
 
 
 # A swapped kernel's A is the caller's B and its B the caller's A: B [K,N]
@@ -35,44 +38,39 @@ SWAPPED_A_MAJOR = {"n": "m", "k": "k"}   # from the caller's b_major
 SWAPPED_B_MAJOR = {"k": "k", "m": "n"}   # from the caller's a_major
 
 
-def _template(v) -> str:
+def _template(t, v) -> str:
+    """The C++ type of row `v`; `t` is the tables module."""
+    types, ns = t.CUTLASS_TYPES, t.ARCH_NAMESPACES[v.arch]
+    kind = t.KINDS[v.kind]["template"]
+    if not kind:  # grouped
+        problem = {"ragged_m": "kRaggedM", "ragged_k": "kRaggedK"}[v.problem]
+        return (f"{ns}::GroupedGemm<{types[v.dtype]}, {types[v.out]}, "
+                f"{A_LAYOUT[v.a_major]}, {B_LAYOUT[v.b_major]}, {v.tile_m}, {v.tile_n}, "
+                f"{v.tile_k}, {v.stages}, RaggedProblem::{problem}>")
     if v.swap_ab:  # the kernel's own problem is the transposed one
         a, b = A_LAYOUT[SWAPPED_A_MAJOR[v.b_major]], B_LAYOUT[SWAPPED_B_MAJOR[v.a_major]]
         (tm, tn), (cm, cn) = (v.tile_n, v.tile_m), (v.cluster_n, v.cluster_m)
     else:
         a, b = A_LAYOUT[v.a_major], B_LAYOUT[v.b_major]
         (tm, tn), (cm, cn) = (v.tile_m, v.tile_n), (v.cluster_m, v.cluster_n)
-    common = (f"{CUTLASS_TYPES[v.dtype]}, {CUTLASS_TYPES[v.out]}, {a}, {b}, {tm}, {tn}, "
-              f"{v.tile_k}, {cm}, {cn}, {v.stages}")
-    if v.family in ("sm90_grouped_gemm", "sm100_grouped_gemm"):  # before the kind split below
-        arch_ns = v.family.split("_")[0]
-        problem = {"ragged_m": "kRaggedM", "ragged_k": "kRaggedK"}[v.problem]
-        return (f"{arch_ns}::GroupedGemm<{CUTLASS_TYPES[v.dtype]}, {CUTLASS_TYPES[v.out]}, "
-                f"{A_LAYOUT[v.a_major]}, {B_LAYOUT[v.b_major]}, {v.tile_m}, {v.tile_n}, "
-                f"{v.tile_k}, {v.stages}, RaggedProblem::{problem}>")
     epilogue = {"none": "", "bias_act": ", BiasActEpilogue"}[v.epilogue]
     if v.swap_ab:
         epilogue = ", PlainEpilogue, true"
-    if v.arch == "sm90a":
-        kind = {"cooperative": "sm90::Cooperative", "cooperative_dynamic": "sm90::CooperativeDynamic",
-                "pingpong": "sm90::Pingpong"}[v.kind]
-        return f"sm90::GemmWsPersistent<{common}, {kind}{epilogue}>"
-    cta, sched = v.kind.split("_")
-    return (f"sm100::GemmTcgen05Persistent<{common}, sm100::{'TwoSm' if cta == '2sm' else 'OneSm'}, "
-            f"sm100::{'Clc' if sched == 'clc' else 'Static'}{epilogue}>")
+    return (f"{ns}::{DENSE_TEMPLATES[v.arch]}<{types[v.dtype]}, {types[v.out]}, {a}, {b}, "
+            f"{tm}, {tn}, {v.tile_k}, {cm}, {cn}, {v.stages}, {kind}{epilogue}>")
 
 
-def _instantiation(v) -> str:
+def _instantiation(t, v) -> str:
     return (f"// Names this row's kernel in the cubin for tests/test_sass_contract.py.\n"
             f"__device__ __attribute__((used)) char jax_cluster_variant_{v.name};\n"
             f"namespace jax_cluster::generated {{\n"
-            f"const VariantOps& ops_{v.name}() {{ return {_template(v)}::ops; }}\n"
+            f"const VariantOps& ops_{v.name}() {{ return {_template(t, v)}::ops; }}\n"
             f"}}  // namespace jax_cluster::generated\n")
 
 
-def _unit(rows) -> str:
-    return (f"// Generated from jax_cluster/variants.json by cc/gen_variants.py.\n"
-            f'#include "{rows[0].header}"\n\n' + "\n".join(_instantiation(v) for v in rows))
+def _unit(t, rows) -> str:
+    return (f"// Generated from jax_cluster/planning/variants.json by cc/gen_variants.py.\n"
+            f'#include "{rows[0].header}"\n\n' + "\n".join(_instantiation(t, v) for v in rows))
 
 
 def _units(variants, size: int) -> dict[str, list]:
@@ -98,7 +96,7 @@ def _table(variants) -> str:
         f'"{v.mma}", "{v.kind}", "{v.problem}", "{v.epilogue}", "{",".join(v.schedules)}", '
         f"&generated::ops_{v.name}}},\n"
         for v in variants)
-    return ("// Generated from jax_cluster/variants.json by cc/gen_variants.py.\n"
+    return ("// Generated from jax_cluster/planning/variants.json by cc/gen_variants.py.\n"
             '#include "dispatch/variant_table.h"\n\n'
             f"namespace jax_cluster {{\nnamespace generated {{\n{decls}}}  // namespace generated\n\n"
             f"const VariantEntry kVariants[] = {{\n{rows}}};\n"
@@ -111,10 +109,11 @@ def _write(path: pathlib.Path, text: str) -> None:
 
 
 def main(menu_dir: str, out_dir: str, archs: str, only: str = "", unit_size: str = "1") -> None:
+    tables = _load_tables(pathlib.Path(menu_dir))
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     wanted = set(archs.split(","))
-    variants = [v for v in _load_variants(pathlib.Path(menu_dir))
+    variants = [v for v in tables.load_menu(pathlib.Path(menu_dir) / "variants.json")
                 if v.arch in wanted and re.search(only, v.name)]
     if not unit_size.isdigit() or int(unit_size) < 1:
         raise SystemExit(f"gen_variants.py: JAX_CLUSTER_UNIT_SIZE must be a whole number "
@@ -124,7 +123,7 @@ def main(menu_dir: str, out_dir: str, archs: str, only: str = "", unit_size: str
         stale.unlink()  # a row moved to another unit, or left the build
     for name, rows in units.items():
         path = out / f"{name}.cu"
-        _write(path, _unit(rows))
+        _write(path, _unit(tables, rows))
         print(f"{rows[0].arch}|{path}")
     _write(out / "variant_table.cc", _table(variants))
     print(f"table|{out / 'variant_table.cc'}")

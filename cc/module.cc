@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/cluster_tile_order.h"
+#include "common/contract.h"
 #include "common/plan.h"
 
 #if JAX_CLUSTER_WITH_CUDA
@@ -32,8 +33,8 @@ nb::list plan_fields() {
 }
 
 // The work queue's walk, as the device decodes it: (m, n, l) per queue index.
-nb::list cluster_tile_order(uint32_t tiles_m, uint32_t tiles_n, uint32_t batches,
-                            uint32_t swizzle, bool along_n) {
+nb::list cluster_tile_order(uint32_t tiles_m, uint32_t tiles_n, uint32_t batches, uint32_t swizzle,
+                            bool along_n) {
   ClusterTileOrder order = ClusterTileOrder::make(tiles_m, tiles_n, batches, swizzle, along_n);
   nb::list out;
   for (uint64_t i = 0; i < order.size(); ++i) {
@@ -47,10 +48,9 @@ nb::list cluster_tile_order(uint32_t tiles_m, uint32_t tiles_n, uint32_t batches
 
 nb::dict registrations() {
   nb::dict out;
-  out["jax_cluster_gemm"] = nb::capsule(reinterpret_cast<void*>(gemm_ffi_handler()));
-  out["jax_cluster_gemm_epilogue"] =
-      nb::capsule(reinterpret_cast<void*>(gemm_epilogue_ffi_handler()));
-  out["jax_cluster_ragged_dot"] = nb::capsule(reinterpret_cast<void*>(ragged_ffi_handler()));
+  out[kGemmTarget] = nb::capsule(reinterpret_cast<void*>(gemm_ffi_handler()));
+  out[kGemmEpilogueTarget] = nb::capsule(reinterpret_cast<void*>(gemm_epilogue_ffi_handler()));
+  out[kRaggedDotTarget] = nb::capsule(reinterpret_cast<void*>(ragged_ffi_handler()));
   return out;
 }
 
@@ -80,7 +80,7 @@ nb::list variants() {
 // The Plan's string fields point into `plan_dict`, which outlives the call.
 Plan plan_from_dict(const nb::dict& d) {
   Plan p;
-#define JAX_CLUSTER_READ(type, name)                                        \
+#define JAX_CLUSTER_READ(type, name)                                           \
   if (!d.contains(#name)) throw nb::key_error("plan lacks field '" #name "'"); \
   p.name = nb::cast<type>(d[#name]);
   JAX_CLUSTER_PLAN_FIELDS(JAX_CLUSTER_READ)

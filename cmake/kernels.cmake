@@ -1,6 +1,6 @@
-# Kernels: one instantiation per row of jax_cluster/variants.json, generated
-# at configure time into units of JAX_CLUSTER_UNIT_SIZE rows, each unit
-# compiled for its own architecture only (SASS, no PTX).
+# Kernels: one instantiation per row of jax_cluster/planning/variants.json,
+# generated at configure time into units of JAX_CLUSTER_UNIT_SIZE rows, each
+# unit compiled for its own architecture only (SASS, no PTX).
 execute_process(
   COMMAND "${Python_EXECUTABLE}" -c
     "import jax, os; print(jax.ffi.include_dir())"
@@ -13,27 +13,34 @@ message(STATUS "jax_cluster: XLA FFI headers ${XLA_FFI_INCLUDE_DIR}")
 message(STATUS "jax_cluster: CUTLASS headers ${CUTLASS_SOURCE_DIR}/include")
 
 string(REPLACE ";" "," _jc_archs_csv "${JAX_CLUSTER_ARCHS}")
-set(_jc_gen_dir "${CMAKE_BINARY_DIR}/generated")
 execute_process(
   COMMAND "${Python_EXECUTABLE}" "${CMAKE_SOURCE_DIR}/cc/gen_variants.py"
-          "${CMAKE_SOURCE_DIR}/jax_cluster" "${_jc_gen_dir}" "${_jc_archs_csv}"
+          "${JAX_CLUSTER_PLANNING_DIR}" "${JAX_CLUSTER_GENERATED_DIR}" "${_jc_archs_csv}"
           "${JAX_CLUSTER_VARIANTS}" "${JAX_CLUSTER_UNIT_SIZE}"
   OUTPUT_VARIABLE _jc_generated OUTPUT_STRIP_TRAILING_WHITESPACE COMMAND_ERROR_IS_FATAL ANY)
-set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
-             "${CMAKE_SOURCE_DIR}/jax_cluster/variants.json"
-             "${CMAKE_SOURCE_DIR}/jax_cluster/variants.py"
-             "${CMAKE_SOURCE_DIR}/cc/gen_variants.py")
 
 string(REPLACE "\n" ";" _jc_generated "${_jc_generated}")
 set(_jc_table "")
+set(_jc_units "")
 foreach(_line IN LISTS _jc_generated)
   string(REGEX MATCH "^([^|]+)\\|(.+)$" _ "${_line}")
   if(CMAKE_MATCH_1 STREQUAL "table")
     set(_jc_table "${CMAKE_MATCH_2}")
   else()
     list(APPEND _jc_sources_${CMAKE_MATCH_1} "${CMAKE_MATCH_2}")
+    list(APPEND _jc_units "${CMAKE_MATCH_2}")
   endif()
 endforeach()
+list(LENGTH _jc_units _jc_unit_count)
+message(STATUS "jax_cluster: kernel units to compile: ${_jc_unit_count} for ${JAX_CLUSTER_ARCHS} "
+               "(JAX_CLUSTER_UNIT_SIZE ${JAX_CLUSTER_UNIT_SIZE}); nvcc takes a minute or more per unit")
+# cc/compile_progress.py runs each unit's compile (through any launcher the
+# user set, such as ccache) and then says which unit of how many it was: the
+# first build is otherwise minutes of silence.
+string(REPLACE ";" "\n" _jc_units_text "${_jc_units}")
+file(WRITE "${JAX_CLUSTER_GENERATED_DIR}/units.txt" "${_jc_units_text}\n")
+set(_jc_launcher "${Python_EXECUTABLE}" "${CMAKE_SOURCE_DIR}/cc/compile_progress.py"
+                 "${JAX_CLUSTER_GENERATED_DIR}/units.txt" ${CMAKE_CUDA_COMPILER_LAUNCHER})
 
 set(_jc_cuda_flags -O3 -DNDEBUG --expt-relaxed-constexpr -Xptxas=--warn-on-spills)
 set(_jc_kernel_libs "")
@@ -43,10 +50,11 @@ foreach(_arch IN LISTS JAX_CLUSTER_ARCHS)
   endif()
   string(REGEX REPLACE "^sm([0-9]+a?)$" "\\1" _num "${_arch}")
   add_library(kernels_${_arch} OBJECT ${_jc_sources_${_arch}})
-  set_target_properties(kernels_${_arch} PROPERTIES CUDA_ARCHITECTURES OFF CUDA_STANDARD 17)
+  set_target_properties(kernels_${_arch} PROPERTIES CUDA_ARCHITECTURES OFF CUDA_STANDARD 17
+                        CUDA_COMPILER_LAUNCHER "${_jc_launcher}")
   target_compile_options(kernels_${_arch} PRIVATE ${_jc_cuda_flags}
                          "-gencode=arch=compute_${_num},code=sm_${_num}")
-  target_include_directories(kernels_${_arch} PRIVATE cc
+  target_include_directories(kernels_${_arch} PRIVATE cc "${JAX_CLUSTER_GENERATED_DIR}"
     "${CUTLASS_SOURCE_DIR}/include" "${CUTLASS_SOURCE_DIR}/tools/util/include")
   list(APPEND _jc_kernel_libs kernels_${_arch})
 endforeach()

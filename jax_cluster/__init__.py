@@ -2,31 +2,49 @@
 
 `matmul` and `dot_general` run CUTLASS-based sm90a/sm100a kernels through XLA
 FFI when the planner picks one, and XLA's own dot everywhere else.
-`autotune` times the candidate plans on the present GPU and caches the
-winners; `use_autotune_cache(True)` makes the planner read them.
-`ragged_dot` is the grouped GEMM (jax.lax.ragged_dot's semantics) on grouped kernels.
-`linear` is a dense layer's act(x @ W + residual + b) with the epilogue fused into the GEMM.
-matmul, dot_general and ragged_dot partition under jit over a mesh (partition_gemm.py,
-partition_ragged.py); linear does not yet.
-`jax_cluster.nn` (imported on its own; needs flax) has the Flax layers.
-"""
-from jax_cluster import _ffi
-from jax_cluster.api import dot_general, matmul
-from jax_cluster.device import DeviceInfo
-from jax_cluster.epilogue_primitives import gemm_epilogue_p
-from jax_cluster.info import info
-from jax_cluster.linear import linear
-from jax_cluster.plan import Plan, plan
-from jax_cluster.primitives import gemm_p
-from jax_cluster.ragged import ragged_dot
-from jax_cluster.ragged_plan import plan_ragged
-from jax_cluster.ragged_primitives import ragged_dot_p
-from jax_cluster.tuning import autotune
-from jax_cluster.tuning_cache import use_autotune_cache
+`ragged_dot` is the grouped GEMM (jax.lax.ragged_dot's semantics);
+`linear` is a dense layer's act(x @ W + residual + b) with the epilogue fused
+into the GEMM. `plan` / `plan_ragged` return the static choices a call makes,
+and `Plan.explain()` says why. `autotune` times the candidate plans on the
+present GPU and caches the winners; `use_autotune_cache(True)` makes calls
+read them. `jax_cluster.nn` (imported on its own; needs flax) has the Flax layers.
 
-__all__ = ["DeviceInfo", "Plan", "autotune", "dot_general", "gemm_epilogue_p", "gemm_p", "info",
-           "linear", "matmul", "plan", "plan_ragged", "ragged_dot", "ragged_dot_p",
-           "use_autotune_cache"]
-__version__ = "0.1.0"
+The package is laid out by layer: ops/ -> primitives/ -> planning/, with
+tuning/ beside the ops and tools/ on top (docs/architecture.md).
+"""
+
+from jax_cluster import _ffi
+from jax_cluster.info import info
+from jax_cluster.ops.dense import dot_general, matmul, plan
+from jax_cluster.ops.linear import linear
+from jax_cluster.ops.ragged_dot import ragged_dot
+from jax_cluster.planning.autotune_cache import use_autotune_cache
+from jax_cluster.planning.device import DeviceInfo
+from jax_cluster.planning.grouped import plan_ragged
+from jax_cluster.planning.plan import Plan
+from jax_cluster.primitives.epilogue import gemm_epilogue_p
+from jax_cluster.primitives.gemm import gemm_p
+from jax_cluster.primitives.ragged import ragged_dot_p
+from jax_cluster.tuning.autotuner import autotune
+from jax_cluster.version import VERSION
+
+__all__ = [
+    "DeviceInfo",
+    "Plan",
+    "autotune",
+    "dot_general",
+    "gemm_epilogue_p",
+    "gemm_p",
+    "info",
+    "linear",
+    "matmul",
+    "plan",
+    "plan_ragged",
+    "ragged_dot",
+    "ragged_dot_p",
+    "use_autotune_cache",
+]
+
+__version__ = VERSION
 
 _ffi.warn_if_no_kernels()

@@ -1,17 +1,16 @@
 """Loads the compiled extension and registers its FFI targets with XLA."""
+
 from __future__ import annotations
 
 import functools
+import pathlib
 import warnings
 
 import jax
 
-GEMM_TARGET = "jax_cluster_gemm"
-GEMM_EPILOGUE_TARGET = "jax_cluster_gemm_epilogue"
-RAGGED_TARGET = "jax_cluster_ragged_dot"
-
 try:
-    from jax_cluster import _ext
+    import jax_cluster._ext as _ext
+
     _IMPORT_ERROR: Exception | None = None
 except ImportError as exc:  # a source checkout that was never built
     _ext = None
@@ -27,9 +26,20 @@ def with_kernels() -> bool:
     return _ext is not None and bool(_ext.with_cuda)
 
 
+def _missing_extension() -> str:
+    package = pathlib.Path(__file__).parent
+    if not any(package.glob("_ext*.so")) and (package.parent / "pyproject.toml").exists():
+        return (
+            f"the compiled extension is missing: {package} is a source checkout that was never built. "
+            "Build and install it (bash scripts/setup.sh, or pip install .), then run from outside the "
+            "checkout (another directory, or python -P) so the installed package is imported"
+        )
+    return f"the compiled extension is missing ({_IMPORT_ERROR})"
+
+
 def why_no_kernels() -> str:
     if _ext is None:
-        return f"the compiled extension is missing ({_IMPORT_ERROR})"
+        return _missing_extension()
     if not _ext.with_cuda:
         return "the package was built without a CUDA compiler"
     return ""
@@ -52,5 +62,8 @@ def register_targets() -> bool:
 
 def warn_if_no_kernels() -> None:
     if not with_kernels():
-        warnings.warn(f"jax_cluster: {why_no_kernels()}; every call falls back to XLA's dot. "
-                      "See jax_cluster.info().", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"jax_cluster: {why_no_kernels()}; every call falls back to XLA's dot. See jax_cluster.info().",
+            RuntimeWarning,
+            stacklevel=3,
+        )

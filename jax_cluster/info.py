@@ -1,4 +1,5 @@
 """jax_cluster.info(): what was built, what device is here, which path a call takes."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -6,9 +7,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jax_cluster import _ffi, variants
-from jax_cluster.device import describe
-from jax_cluster.plan import plan_gemm
+from jax_cluster import _ffi
+from jax_cluster.planning import tables
+from jax_cluster.planning.dense import plan_gemm
+from jax_cluster.planning.device import describe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +29,10 @@ class Info:
     sample_reason: str
 
     def __str__(self) -> str:
-        lines = [f"jax_cluster on jax {self.jax_version}",
-                 f"kernels: {'yes' if self.with_kernels else 'no: ' + self.why_no_kernels}"]
+        lines = [
+            f"jax_cluster on jax {self.jax_version}",
+            f"kernels: {'yes' if self.with_kernels else 'no: ' + self.why_no_kernels}",
+        ]
         if self.with_kernels:
             lines.append(f"  compiler: {self.cuda_compiler}; archs: {', '.join(self.built_archs)}")
             lines.append(f"  {len(self.compiled_variants)} of {self.menu_variants} menu variants compiled:")
@@ -50,8 +54,8 @@ def info(device=None) -> Info:
         cuda_compiler=ext.cuda_compiler if ext is not None else "",
         built_archs=tuple(a for a in (ext.built_archs.split(",") if ext else []) if a),
         compiled_variants=tuple(sorted(_ffi.compiled_variant_names())),
-        menu_variants=len(variants.load_menu()),
-        device=f"{dev.platform} {dev.name} cc={dev.compute_capability} SMs={dev.sm_count}",
+        menu_variants=len(tables.load_menu()),
+        device=dev.describe(),
         device_arch=dev.arch,
         sample_call="matmul(bf16[4096,4096], bf16[4096,4096])",
         sample_path=p.path,

@@ -14,10 +14,22 @@ PY="$VENV/bin/python"
 "$PY" -m pip install -q --upgrade pip
 "$PY" -m pip install -q "jax>=0.11" numpy "nanobind>=2.0" "scikit-build-core>=0.10" \
   "nvidia-cutlass==4.2.0.0" pytest nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm cmake ninja \
-  flax optax  # jax_cluster.nn, its tests and examples/train_block.py
+  flax optax `# jax_cluster.nn, its tests and examples/train_block.py` \
+  ruff==0.17.6 mypy==2.4.1 clang-format==23.1.5  # scripts/lint.sh (pinned: formatters differ by version)
 
 cuda=AUTO
 [ "${JAX_CLUSTER_REQUIRE_KERNELS:-0}" = 1 ] && cuda=ON
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
-"$PY" -m pip install -q --no-build-isolation --no-deps -C "cmake.define.JAX_CLUSTER_CUDA=$cuda" .
+# -v for the build's progress ("[jax_cluster] compiled unit 3/17 ..."): a first
+# build with kernels takes several minutes; the full log is kept in build/.
+log=build/setup-build.log
+mkdir -p build
+set +e
+"$PY" -m pip install -v --no-build-isolation --no-deps -C "cmake.define.JAX_CLUSTER_CUDA=$cuda" \
+  -C "cmake.define.JAX_CLUSTER_VARIANTS=${JAX_CLUSTER_VARIANTS:-}" \
+  -C "cmake.define.JAX_CLUSTER_UNIT_SIZE=${JAX_CLUSTER_UNIT_SIZE:-4}" . 2>&1 |
+  tee "$log" | grep --line-buffered -E '\[jax_cluster\]|jax_cluster: '
+status=${PIPESTATUS[0]}
+set -e
+if [ "$status" != 0 ]; then tail -60 "$log"; exit "$status"; fi
 "$PY" -P -c 'import jax_cluster; print(jax_cluster.info())'  # -P: the installed package, not the source tree

@@ -3,7 +3,7 @@
 # GPU tests run when a Hopper/Blackwell GPU is present and skip otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+[ "${SETUP_DONE:-0}" = 1 ] || bash scripts/setup.sh
 # the pytest entry point, not `python -m pytest`: the source tree must not
 # shadow the installed package (it has no compiled extension).
 exec .venv/bin/pytest -q -rs "$@"

@@ -1,5 +1,12 @@
-import os
+"""Shared by the three test folders: cpu/ (no GPU, no kernels needed), build/
+(the compiled extension and its machine code) and gpu/ (a Hopper or Blackwell
+GPU with kernels for it; every test there carries the `gpu` marker and skips
+with the reason below)."""
 
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))  # helpers.py for every folder
 # Kernels fill their output with NaN before each launch, so a skipped element
 # fails the comparison instead of passing on stale memory.
 os.environ.setdefault("JAX_CLUSTER_POISON_OUTPUT", "1")
@@ -13,6 +20,7 @@ jax.config.update("jax_default_matmul_precision", "highest")
 
 import jax_cluster  # noqa: E402
 from jax_cluster import _ffi  # noqa: E402
+from jax_cluster.planning.device import describe  # noqa: E402
 
 
 def _cuda_kernel_device():
@@ -26,9 +34,11 @@ def _cuda_kernel_device():
     if not _ffi.with_kernels():
         # a GPU but no kernels: often a source tree shadowing the installed wheel
         # (python -m pytest from the repository root puts it first on sys.path)
-        return None, (f"a GPU, but jax_cluster from {os.path.dirname(jax_cluster.__file__)} "
-                      f"has no kernels: {_ffi.why_no_kernels()}")
-    dev = jax_cluster.device.describe(devices[0])
+        return None, (
+            f"a GPU, but jax_cluster from {os.path.dirname(jax_cluster.__file__)} "
+            f"has no kernels: {_ffi.why_no_kernels()}"
+        )
+    dev = describe(devices[0])
     if dev.arch is None:
         return None, f"{dev.name} is neither sm90 nor sm100"
     return devices[0], ""
@@ -40,8 +50,7 @@ GPU, WHY_NO_GPU = _cuda_kernel_device()
 def pytest_collection_modifyitems(config, items):
     if GPU is not None:
         return
-    skip = pytest.mark.skip(reason=f"needs a CUDA GPU (sm90/sm100) and a build with kernels: "
-                                   f"{WHY_NO_GPU}")
+    skip = pytest.mark.skip(reason=f"needs a CUDA GPU (sm90/sm100) and a build with kernels: {WHY_NO_GPU}")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -1,4 +1,5 @@
 """Reference checks shared by the CPU and GPU tests."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -82,5 +83,4 @@ def ragged_k_reference(a, b, sizes):
     """float64 out[g] = a[rows of g]^T b[rows of g] (ragged_dot's d_rhs)."""
     a, b = _f64(a), _f64(b)
     bounds = group_bounds(sizes, a.shape[0])
-    return np.stack([a[lo:hi].T @ b[lo:hi] for lo, hi in bounds]) if bounds else \
-        np.zeros((0, a.shape[1], b.shape[1]))
+    return np.stack([a[lo:hi].T @ b[lo:hi] for lo, hi in bounds]) if bounds else np.zeros((0, a.shape[1], b.shape[1]))

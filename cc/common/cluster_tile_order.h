@@ -27,7 +27,7 @@ struct ClusterTile {
 
 struct ClusterTileOrder {
   uint32_t tiles_m = 0, tiles_n = 0, batches = 0;  // the cluster-tile grid, unpadded
-  uint32_t width = 1;                               // band height along the minor axis
+  uint32_t width = 1;                              // band height along the minor axis
   bool along_n = true;  // walk along N: the minor axis is M (CUTLASS's AlongN)
 
   static ClusterTileOrder make(uint32_t tiles_m, uint32_t tiles_n, uint32_t batches,
@@ -42,9 +42,7 @@ struct ClusterTileOrder {
     return o;
   }
 
-  JAX_CLUSTER_HOST_DEVICE uint64_t size() const {
-    return uint64_t(tiles_m) * tiles_n * batches;
-  }
+  JAX_CLUSTER_HOST_DEVICE uint64_t size() const { return uint64_t(tiles_m) * tiles_n * batches; }
 
   JAX_CLUSTER_HOST_DEVICE ClusterTile at(uint64_t linear) const {
     ClusterTile t;

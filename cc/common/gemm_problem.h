@@ -9,13 +9,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/contract.h"  // Schedule, Raster, Activation
+
 namespace jax_cluster {
-
-enum class Schedule : int { kStatic = 0, kStreamK = 1, kSplitK = 2, kDynamic = 3, kClc = 4 };
-enum class Raster : int { kAlongM = 0, kAlongN = 1 };
-
-// What a fused-epilogue variant applies to each output element.
-enum class Activation : int { kNone = 0, kRelu = 1, kGelu = 2, kGeluExact = 3, kSilu = 4 };
 
 // The fused epilogue, D = act(alpha * A·B + beta * C + bias), for variants
 // whose menu row has epilogue "bias_act"; the defaults mean D = A·B. bias is
@@ -41,7 +37,7 @@ struct GemmProblem {
   const void* b = nullptr;
   void* d = nullptr;
   const int32_t* group_sizes = nullptr;  // grouped variants only
-  EpilogueArgs epilogue;                  // "bias_act" variants only
+  EpilogueArgs epilogue;                 // "bias_act" variants only
 };
 
 // Runtime choices the compiled variant leaves open; all come from the Plan.
@@ -62,12 +58,10 @@ struct DeviceSlots {
 // Entry points every compiled variant provides (generated from the menu).
 struct VariantOps {
   // Bytes of scratch the launch needs; 0 if none.
-  size_t (*workspace_size)(const GemmProblem&, const LaunchChoices&,
-                           const DeviceSlots&);
+  size_t (*workspace_size)(const GemmProblem&, const LaunchChoices&, const DeviceSlots&);
   // nullptr on success, otherwise a static message naming the failure.
-  const char* (*run)(const GemmProblem&, const LaunchChoices&,
-                     const DeviceSlots&, void* workspace, size_t workspace_bytes,
-                     cudaStream_t stream);
+  const char* (*run)(const GemmProblem&, const LaunchChoices&, const DeviceSlots&, void* workspace,
+                     size_t workspace_bytes, cudaStream_t stream);
   // cudaOccupancyMaxActiveClusters for this kernel on `device_id`.
   int (*max_active_clusters)(int device_id);
 };

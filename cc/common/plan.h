@@ -1,27 +1,10 @@
-// The Plan as C++ sees it: the kernel fields of jax_cluster.plan.Plan, with
-// the same names. One X-macro lists them so the struct, the FFI attribute
-// decoding and the module's plan_fields() cannot drift apart.
+// The Plan as C++ sees it: the kernel fields of jax_cluster.planning.plan.Plan,
+// with the same names. The generated X-macro JAX_CLUSTER_PLAN_FIELDS lists
+// them, so the struct, the FFI attribute decoding and the module's
+// plan_fields() cannot drift from the Python side.
 #pragma once
 
-#include <cstdint>
-#include <string_view>
-
-#define JAX_CLUSTER_PLAN_FIELDS(X)            \
-  X(std::string_view, variant)                \
-  X(std::string_view, arch)                   \
-  X(int64_t, tile_m)                          \
-  X(int64_t, tile_n)                          \
-  X(int64_t, tile_k)                          \
-  X(int64_t, cluster_m)                       \
-  X(int64_t, cluster_n)                       \
-  X(int64_t, stages)                          \
-  X(std::string_view, mma)                    \
-  X(std::string_view, schedule)               \
-  X(int64_t, splits)                          \
-  X(std::string_view, raster)                 \
-  X(int64_t, swizzle)                         \
-  X(int64_t, sm_count)                        \
-  X(int64_t, max_active_clusters)
+#include "common/contract.h"
 
 namespace jax_cluster {
 

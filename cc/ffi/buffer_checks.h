@@ -7,17 +7,31 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/contract.h"
 #include "dispatch/variant_table.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_cluster {
 
+// The contract's name and size of an element type; "unsupported" and 0 for
+// any type outside it.
 inline const char* dtype_name(xla::ffi::DataType t) {
   switch (t) {
-    case xla::ffi::DataType::BF16: return "bf16";
-    case xla::ffi::DataType::F16: return "f16";
-    case xla::ffi::DataType::F32: return "f32";
+#define JAX_CLUSTER_DTYPE_NAME(name, bytes, enumerator) \
+  case xla::ffi::DataType::enumerator: return #name;
+    JAX_CLUSTER_DTYPES(JAX_CLUSTER_DTYPE_NAME)
+#undef JAX_CLUSTER_DTYPE_NAME
     default: return "unsupported";
+  }
+}
+
+inline int dtype_bytes(xla::ffi::DataType t) {
+  switch (t) {
+#define JAX_CLUSTER_DTYPE_BYTES(name, bytes, enumerator) \
+  case xla::ffi::DataType::enumerator: return bytes;
+    JAX_CLUSTER_DTYPES(JAX_CLUSTER_DTYPE_BYTES)
+#undef JAX_CLUSTER_DTYPE_BYTES
+    default: return 0;
   }
 }
 
@@ -35,13 +49,14 @@ inline std::string check_dtypes(const VariantEntry& v, const xla::ffi::AnyBuffer
          " do not match variant " + v.name;
 }
 
-// "" when TMA can read every row: 16-byte leading dimensions (A and B are
-// 2-byte types) and 16-byte aligned buffers.
+// "" when TMA can read every row: 16-byte leading dimensions and 16-byte
+// aligned buffers. Call after check_dtypes: the element sizes come from the
+// contract's dtype table.
 inline std::string check_tma_alignment(int64_t lead_a, int64_t lead_b, int64_t n,
                                        const xla::ffi::AnyBuffer& a, const xla::ffi::AnyBuffer& b,
                                        const xla::ffi::AnyBuffer& d) {
-  int out_bytes = d.element_type() == xla::ffi::DataType::F32 ? 4 : 2;
-  if ((lead_a * 2) % 16 || (lead_b * 2) % 16 || (n * out_bytes) % 16)
+  if ((lead_a * dtype_bytes(a.element_type())) % 16 ||
+      (lead_b * dtype_bytes(b.element_type())) % 16 || (n * dtype_bytes(d.element_type())) % 16)
     return "leading dimensions must be multiples of 16 bytes (TMA)";
   if (!aligned16(a.untyped_data()) || !aligned16(b.untyped_data()) || !aligned16(d.untyped_data()))
     return "buffers must be 16-byte aligned";

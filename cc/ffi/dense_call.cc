@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "common/contract.h"
 #include "ffi/buffer_checks.h"
 
 namespace jax_cluster {
@@ -22,19 +23,19 @@ std::string problem_from_buffers(const VariantEntry& v, const xla::ffi::AnyBuffe
   int64_t a0 = da[rank - 2], a1 = da[rank - 1], b0 = db[rank - 2], b1 = db[rank - 1];
   int64_t m = v.a_major == 'k' ? a0 : a1, ka = v.a_major == 'k' ? a1 : a0;
   int64_t n = v.b_major == 'k' ? b0 : b1, kb = v.b_major == 'k' ? b1 : b0;
-  if (ka != kb) return "contracting dimensions differ: A has " + std::to_string(ka) +
-                       ", B has " + std::to_string(kb);
+  if (ka != kb)
+    return "contracting dimensions differ: A has " + std::to_string(ka) + ", B has " +
+           std::to_string(kb);
   if (dd[rank - 2] != m || dd[rank - 1] != n)
-    return "result shape does not match [M, N] = [" + std::to_string(m) + ", " +
-           std::to_string(n) + "]";
+    return "result shape does not match [M, N] = [" + std::to_string(m) + ", " + std::to_string(n) +
+           "]";
   const int64_t kMax = INT32_MAX;
-  if (m > kMax || n > kMax || ka > kMax || batch > kMax)
-    return "a dimension exceeds 2^31 - 1";
+  if (m > kMax || n > kMax || ka > kMax || batch > kMax) return "a dimension exceeds 2^31 - 1";
   // TMA reads every row at a 16-byte-aligned address.
   int64_t lead_a = v.a_major == 'k' ? ka : m, lead_b = v.b_major == 'k' ? ka : n;
   if (std::string err = check_tma_alignment(lead_a, lead_b, n, a, b, d); !err.empty()) return err;
-  *p = GemmProblem{static_cast<int>(m), static_cast<int>(n), static_cast<int>(ka),
-                   static_cast<int>(batch), a.untyped_data(), b.untyped_data(),
+  *p = GemmProblem{static_cast<int>(m),     static_cast<int>(n), static_cast<int>(ka),
+                   static_cast<int>(batch), a.untyped_data(),    b.untyped_data(),
                    d.untyped_data()};
   return "";
 }
@@ -47,10 +48,10 @@ std::string decode_dense_call(const Plan& plan, const char* epilogue, const xla:
   if (std::string err = resolve_plan(plan, dispatch); !err.empty()) return err;
   const VariantEntry& v = *dispatch->variant;
   if (std::string(v.problem) != "dense")
-    return std::string("variant ") + v.name + " is grouped: call jax_cluster_ragged_dot";
+    return std::string("variant ") + v.name + " is grouped: call " + kRaggedDotTarget;
   if (std::string(v.epilogue) != epilogue)
-    return std::string("variant ") + v.name + " has epilogue '" + v.epilogue + "', this call needs '" +
-           epilogue + "'";
+    return std::string("variant ") + v.name + " has epilogue '" + v.epilogue +
+           "', this call needs '" + epilogue + "'";
   if (std::string err = check_dtypes(v, a, b, d); !err.empty()) return err;
   return problem_from_buffers(v, a, b, d, problem);
 }

@@ -1,14 +1,16 @@
-// Decodes one "jax_cluster_gemm_epilogue" call: A and B as for
-// "jax_cluster_gemm", then bias ([N], or empty for none) and C (D's shape, or
+// Decodes one call of the fused-epilogue target (kGemmEpilogueTarget): A and
+// B as for the plain GEMM, then bias ([N], or empty for none) and C (D's shape, or
 // empty for none), all in D's dtype, and the scalars alpha, beta and the
 // activation. Everything is checked before anything is launched.
 #include "ffi/gemm_epilogue_ffi.h"
 
 #include <cstdint>
+#include <iterator>
 #include <string>
 
 #include <cuda_runtime_api.h>
 
+#include "common/contract.h"
 #include "ffi/buffer_checks.h"
 #include "ffi/dense_call.h"
 #include "ffi/launch.h"
@@ -20,7 +22,7 @@ namespace ffi = xla::ffi;
 namespace jax_cluster {
 namespace {
 
-constexpr const char* kTarget = "jax_cluster_gemm_epilogue";
+constexpr const char* kTarget = kGemmEpilogueTarget;
 
 ffi::Error invalid(const std::string& msg) {
   return ffi::Error::InvalidArgument(std::string(kTarget) + ": " + msg);
@@ -30,9 +32,8 @@ ffi::Error invalid(const std::string& msg) {
 std::string epilogue_from_buffers(const ffi::AnyBuffer& bias, const ffi::AnyBuffer& c,
                                   const ffi::AnyBuffer& d, float alpha, float beta,
                                   int32_t activation, GemmProblem* p) {
-  if (activation < static_cast<int32_t>(Activation::kNone) ||
-      activation > static_cast<int32_t>(Activation::kSilu))
-    return "activation must be 0 (none), 1 (relu), 2 (gelu), 3 (gelu_exact) or 4 (silu), got " +
+  if (activation < 0 || activation >= static_cast<int32_t>(std::size(kActivationNames)))
+    return std::string("activation must be one of ") + kActivationChoices + ", got " +
            std::to_string(activation);
   EpilogueArgs& e = p->epilogue;
   e.alpha = alpha;
@@ -60,9 +61,9 @@ std::string epilogue_from_buffers(const ffi::AnyBuffer& bias, const ffi::AnyBuff
 }
 
 ffi::Error gemm_epilogue_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
-                              ffi::AnyBuffer bias, ffi::AnyBuffer c,
-                              ffi::Result<ffi::AnyBuffer> d, ffi::Result<ffi::AnyBuffer> workspace,
-                              Plan plan, float alpha, float beta, int32_t activation) {
+                              ffi::AnyBuffer bias, ffi::AnyBuffer c, ffi::Result<ffi::AnyBuffer> d,
+                              ffi::Result<ffi::AnyBuffer> workspace, Plan plan, float alpha,
+                              float beta, int32_t activation) {
   Dispatch dispatch;
   GemmProblem problem;
   if (std::string err = decode_dense_call(plan, "bias_act", a, b, *d, &dispatch, &problem);

@@ -1,4 +1,4 @@
-// Decodes the buffers and the Plan of one "jax_cluster_gemm" call, checks
+// Decodes the buffers and the Plan of one dense GEMM call (kGemmTarget), checks
 // every one of them, and launches the variant on XLA's stream. Anything wrong
 // comes back as an ffi::Error naming the problem; nothing is launched then.
 #include "ffi/gemm_ffi.h"
@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/contract.h"
 #include "dispatch/gemm_dispatch.h"
 #include "ffi/dense_call.h"
 #include "ffi/launch.h"
@@ -20,7 +21,7 @@ namespace jax_cluster {
 namespace {
 
 ffi::Error invalid(const std::string& msg) {
-  return ffi::Error::InvalidArgument("jax_cluster_gemm: " + msg);
+  return ffi::Error::InvalidArgument(std::string(kGemmTarget) + ": " + msg);
 }
 
 ffi::Error gemm_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
@@ -28,11 +29,12 @@ ffi::Error gemm_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                      Plan plan) {
   Dispatch dispatch;
   GemmProblem problem;
-  if (std::string err = decode_dense_call(plan, "none", a, b, *d, &dispatch, &problem); !err.empty())
+  if (std::string err = decode_dense_call(plan, "none", a, b, *d, &dispatch, &problem);
+      !err.empty())
     return invalid(err);
   if (problem.m == 0 || problem.n == 0 || problem.batch == 0) return ffi::Error::Success();
-  if (problem.k == 0) return zero_output("jax_cluster_gemm", *d, stream);
-  return launch_variant("jax_cluster_gemm", plan, dispatch, problem, *d, *workspace, stream);
+  if (problem.k == 0) return zero_output(kGemmTarget, *d, stream);
+  return launch_variant(kGemmTarget, plan, dispatch, problem, *d, *workspace, stream);
 }
 
 }  // namespace

@@ -33,9 +33,9 @@ inline xla::ffi::Error launch_variant(const char* target, const Plan& plan, Disp
   int device_id = 0;
   if (!current_device(&device_id))
     return ffi::Error::Internal(std::string(target) + ": no current CUDA device");
-  if (std::string err = check_device(plan, &dispatch, device_id); !err.empty())
-    return invalid(err);
-  if (poison_output() && cudaMemsetAsync(d.untyped_data(), 0xFF, d.size_bytes(), stream) != cudaSuccess)
+  if (std::string err = check_device(plan, &dispatch, device_id); !err.empty()) return invalid(err);
+  if (poison_output() &&
+      cudaMemsetAsync(d.untyped_data(), 0xFF, d.size_bytes(), stream) != cudaSuccess)
     return ffi::Error::Internal(std::string(target) + ": poisoning the output failed");
   const VariantEntry& v = *dispatch.variant;
   const VariantOps& ops = v.ops();
@@ -43,8 +43,8 @@ inline xla::ffi::Error launch_variant(const char* target, const Plan& plan, Disp
   if (need > workspace.size_bytes())
     return invalid("workspace has " + std::to_string(workspace.size_bytes()) +
                    " bytes, variant needs " + std::to_string(need));
-  if (const char* err = ops.run(problem, dispatch.choices, dispatch.slots,
-                                workspace.untyped_data(), workspace.size_bytes(), stream))
+  if (const char* err = ops.run(problem, dispatch.choices, dispatch.slots, workspace.untyped_data(),
+                                workspace.size_bytes(), stream))
     return ffi::Error::Internal(std::string(target) + " (" + v.name + "): " + err);
   return ffi::Error::Success();
 }

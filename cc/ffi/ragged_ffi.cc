@@ -1,4 +1,4 @@
-// Decodes and checks one "jax_cluster_ragged_dot" call (see the contract in
+// Decodes and checks one grouped GEMM call, kRaggedDotTarget (see the contract in
 // kernels/cutlass_grouped_gemm.cuh) and launches its grouped variant.
 // Group sizes stay on the device; everything wrong comes back as ffi::Error.
 #include "ffi/ragged_ffi.h"
@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/contract.h"
 #include "dispatch/gemm_dispatch.h"
 #include "ffi/buffer_checks.h"
 #include "ffi/launch.h"
@@ -19,7 +20,7 @@ namespace ffi = xla::ffi;
 namespace jax_cluster {
 namespace {
 
-constexpr const char* kTarget = "jax_cluster_ragged_dot";
+constexpr const char* kTarget = kRaggedDotTarget;
 
 ffi::Error invalid(const std::string& msg) {
   return ffi::Error::InvalidArgument(std::string(kTarget) + ": " + msg);
@@ -33,8 +34,8 @@ std::string dims(ffi::Span<const int64_t> d) {
 
 // Fills the GEMM view (see GemmProblem) from the buffers as the variant lays them out.
 std::string problem_from_buffers(const VariantEntry& v, const ffi::AnyBuffer& a,
-                                 const ffi::AnyBuffer& b, int64_t groups,
-                                 const ffi::AnyBuffer& d, GemmProblem* p) {
+                                 const ffi::AnyBuffer& b, int64_t groups, const ffi::AnyBuffer& d,
+                                 GemmProblem* p) {
   auto da = a.dimensions(), db = b.dimensions(), dd = d.dimensions();
   bool ragged_m = std::string(v.problem) == "ragged_m";
   int64_t m, n, k;
@@ -45,10 +46,11 @@ std::string problem_from_buffers(const VariantEntry& v, const ffi::AnyBuffer& a,
     m = da[0], k = da[1];
     n = v.b_major == 'n' ? db[2] : db[1];
     int64_t kb = v.b_major == 'n' ? db[1] : db[2];
-    if (db[0] != groups) return "B holds " + std::to_string(db[0]) + " groups, group_sizes " +
-                                std::to_string(groups);
-    if (kb != k) return "contracting dimensions differ: A has " + std::to_string(k) + ", B has " +
-                        std::to_string(kb);
+    if (db[0] != groups)
+      return "B holds " + std::to_string(db[0]) + " groups, group_sizes " + std::to_string(groups);
+    if (kb != k)
+      return "contracting dimensions differ: A has " + std::to_string(k) + ", B has " +
+             std::to_string(kb);
     if (dd[0] != m || dd[1] != n) return "result must be [rows, N]; got " + dims(dd);
   } else {  // A [rows, K'] read transposed; B [rows, N']; D [G, K', N']
     if (da.size() != 2 || db.size() != 2 || dd.size() != 3)
@@ -64,8 +66,9 @@ std::string problem_from_buffers(const VariantEntry& v, const ffi::AnyBuffer& a,
   // TMA reads every row, and every group starts, at a 16-byte-aligned address.
   int64_t lead_a = ragged_m ? k : m, lead_b = v.b_major == 'k' ? k : n;
   if (std::string err = check_tma_alignment(lead_a, lead_b, n, a, b, d); !err.empty()) return err;
-  *p = GemmProblem{static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                   static_cast<int>(groups), a.untyped_data(), b.untyped_data(), d.untyped_data()};
+  *p = GemmProblem{static_cast<int>(m),      static_cast<int>(n), static_cast<int>(k),
+                   static_cast<int>(groups), a.untyped_data(),    b.untyped_data(),
+                   d.untyped_data()};
   return "";
 }
 
@@ -76,7 +79,7 @@ ffi::Error ragged_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   if (std::string err = resolve_plan(plan, &dispatch); !err.empty()) return invalid(err);
   const VariantEntry& v = *dispatch.variant;
   if (std::string(v.problem) == "dense")
-    return invalid(std::string("variant ") + v.name + " is dense: call jax_cluster_gemm");
+    return invalid(std::string("variant ") + v.name + " is dense: call " + kGemmTarget);
   if (std::string err = check_dtypes(v, a, b, *d); !err.empty()) return invalid(err);
   if (group_sizes.dimensions().size() != 1) return invalid("group_sizes must be rank 1");
   int64_t groups = group_sizes.dimensions()[0];

@@ -42,19 +42,19 @@ struct CutlassGroupedGemm {
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       Arch, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float,
-      void, cutlass::layout::RowMajor*, kAlignD,  // no C operand: beta = 0
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void,
+      cutlass::layout::RowMajor*, kAlignD,  // no C operand: beta = 0
       ElementD, cutlass::layout::RowMajor*, kAlignD, EpilogueSchedule>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      Arch, cutlass::arch::OpClassTensorOp,
-      ElementAB, LayoutA*, kAlignAB, ElementAB, LayoutB*, kAlignAB, float,
-      TileShape, ClusterShape, cutlass::gemm::collective::StageCount<Stages>,
+      Arch, cutlass::arch::OpClassTensorOp, ElementAB, LayoutA*, kAlignAB, ElementAB, LayoutB*,
+      kAlignAB, float, TileShape, ClusterShape, cutlass::gemm::collective::StageCount<Stages>,
       MainloopSchedule>::CollectiveOp;
 
   // Grouped kernels take their scheduler from the problem-shape type, not the tag.
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop,
-                                                      CollectiveEpilogue, cutlass::gemm::GroupScheduler>;
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue,
+                                           cutlass::gemm::GroupScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   static_assert(Kernel::SharedStorageSize <= 227 * 1024,
                 "variant does not fit in shared memory: lower its stages in variants.json");
@@ -63,7 +63,8 @@ struct CutlassGroupedGemm {
   using StrideA = typename Kernel::InternalStrideA;
   using StrideB = typename Kernel::InternalStrideB;
   using StrideD = typename Kernel::InternalStrideD;
-  using Arrays = RaggedGroupArrays<Shape, ElementAB, ElementAB, ElementD, StrideA, StrideB, StrideD>;
+  using Arrays =
+      RaggedGroupArrays<Shape, ElementAB, ElementAB, ElementD, StrideA, StrideB, StrideD>;
   using Workspace = RaggedWorkspace<Arrays, Problem>;
   using Launch = typename Scheduling::Launch;
 
@@ -72,10 +73,10 @@ struct CutlassGroupedGemm {
     ProblemShape shapes;
     shapes.num_groups = p.batch;
     shapes.problem_shapes = arrays.shapes;  // on the device only: no host copy
-    typename Gemm::Arguments args{
-        cutlass::gemm::GemmUniversalMode::kGrouped, shapes,
-        {arrays.a, arrays.stride_a, arrays.b, arrays.stride_b},
-        {{}, nullptr, nullptr, arrays.d, arrays.stride_d}};
+    typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                  shapes,
+                                  {arrays.a, arrays.stride_a, arrays.b, arrays.stride_b},
+                                  {{}, nullptr, nullptr, arrays.d, arrays.stride_d}};
     args.epilogue.thread.alpha = 1.0f;
     args.epilogue.thread.beta = 0.0f;
     args.hw_info.device_id = s.device_id;
@@ -85,21 +86,23 @@ struct CutlassGroupedGemm {
     return args;
   }
 
-  static size_t cutlass_workspace(const GemmProblem& p, const DeviceSlots& s, const Launch& launch) {
+  static size_t cutlass_workspace(const GemmProblem& p, const DeviceSlots& s,
+                                  const Launch& launch) {
     return Gemm::get_workspace_size(arguments(p, s, Arrays{}, launch));
   }
 
   static size_t workspace_size(const GemmProblem& p, const LaunchChoices&, const DeviceSlots& s) {
     Launch launch = Scheduling::launch(p);
     if (!launch.fits()) return 0;  // run() refuses it
-    return Workspace::layout(p.batch, cutlass_workspace(p, s, launch), Scheduling::kTileStart).total;
+    return Workspace::layout(p.batch, cutlass_workspace(p, s, launch), Scheduling::kTileStart)
+        .total;
   }
 
   static const char* run(const GemmProblem& p, const LaunchChoices& c, const DeviceSlots& s,
                          void* workspace, size_t workspace_bytes, cudaStream_t stream) {
     if (p.group_sizes == nullptr || p.batch < 1) return "a grouped variant needs group sizes";
     if (c.schedule != Scheduling::kSchedule)
-      return "a grouped variant runs one schedule: dynamic on sm90a, clc on sm100a";
+      return "a grouped variant runs its kind's one schedule only";
     Launch launch = Scheduling::launch(p);
     if (!launch.fits()) return "too many tiles for one grouped launch";
     auto l = Workspace::layout(p.batch, cutlass_workspace(p, s, launch), Scheduling::kTileStart);

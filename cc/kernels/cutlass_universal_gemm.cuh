@@ -39,15 +39,17 @@ struct BiasActEpilogue {  // D = act(alpha * A·B + beta * C + bias[n])
   template <class ElementD>
   using ElementC = ElementD;
   template <class ElementD>
-  using FusionOp = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<
-      RuntimeActivation, ElementD, float, ElementD, ElementD, float>;
+  using FusionOp =
+      cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeActivation, ElementD, float,
+                                                         ElementD, ElementD, float>;
 };
 
 // Sets the kernel's shared-memory size (and, on sm90, the non-portable
 // cluster permission) once per device. CUTLASS's adapter sets the first in
-// every initialize() (2.1 us of host time per call on the H200) and its
-// cluster launcher the second on every launch (a 2x1-cluster launch took
-// 2.5 us more than a 1x1 one's 3.4); host_phases_session10.log.
+// every initialize() (2.1 us of host time per call) and its cluster launcher
+// the second on every launch (a 2x1-cluster launch took 2.5 us more than a
+// 1x1 one's 3.4), host time per call measured on an H200 on 2026-12-01
+// (benchmarks/results/h200/investigations/host_call_phases.log).
 template <class Kernel>
 cudaError_t set_kernel_attributes_once() {
   static std::mutex mu;
@@ -59,12 +61,14 @@ cudaError_t set_kernel_attributes_once() {
   const void* fn = reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>);
   int smem = static_cast<int>(Kernel::SharedStorageSize);
   if (smem >= (48 << 10)) {
-    if (cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (cudaError_t err =
+            cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         err != cudaSuccess)
       return err;
   }
   if constexpr (Kernel::ArchTag::kMinComputeCapability == 90) {
-    if (cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (cudaError_t err =
+            cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
         err != cudaSuccess)
       return err;
   }
@@ -121,8 +125,8 @@ cudaError_t launch_kernel(typename Gemm::GemmKernel::Params& params, cudaStream_
     config.attrs = attr;
     config.numAttrs = cute::size(Cluster{}) > 1 ? 1 : 0;
     void* args[] = {&params};
-    return cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>),
-                               args);
+    return cudaLaunchKernelExC(
+        &config, reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>), args);
   } else {
     return Gemm::run(params, stream) == cutlass::Status::kSuccess ? cudaGetLastError()
                                                                   : cudaErrorLaunchFailure;
@@ -165,23 +169,23 @@ struct CutlassUniversalGemm {
   static constexpr int kAlignD = 16 / sizeof(ElementD);
   // bias[n] of the fused epilogue would become a per-row bias of D^T
   static_assert(!(SwapAB && Epilogue::kFused), "swapped variants have the plain epilogue only");
-  using LayoutD = std::conditional_t<SwapAB, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
+  using LayoutD =
+      std::conditional_t<SwapAB, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       Arch, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
-      typename Epilogue::template ElementC<ElementD>, LayoutD, kAlignD,
-      ElementD, LayoutD, kAlignD, EpilogueSchedule,
-      typename Epilogue::template FusionOp<ElementD>>::CollectiveOp;
+      typename Epilogue::template ElementC<ElementD>, LayoutD, kAlignD, ElementD, LayoutD, kAlignD,
+      EpilogueSchedule, typename Epilogue::template FusionOp<ElementD>>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      Arch, cutlass::arch::OpClassTensorOp,
-      ElementAB, LayoutA, kAlignAB, ElementAB, LayoutB, kAlignAB, float,
-      TileShape, ClusterShape, cutlass::gemm::collective::StageCount<Stages>,
+      Arch, cutlass::arch::OpClassTensorOp, ElementAB, LayoutA, kAlignAB, ElementAB, LayoutB,
+      kAlignAB, float, TileShape, ClusterShape, cutlass::gemm::collective::StageCount<Stages>,
       MainloopSchedule>::CollectiveOp;
 
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<
-      cute::Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, TileScheduler>;
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
+                                           CollectiveEpilogue, TileScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   static_assert(Kernel::SharedStorageSize <= 227 * 1024,
@@ -195,9 +199,12 @@ struct CutlassUniversalGemm {
     const int m = SwapAB ? p.n : p.m, n = SwapAB ? p.m : p.n;
     const void* a = SwapAB ? p.b : p.a;
     const void* b = SwapAB ? p.a : p.b;
-    auto sa = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, make_shape(m, p.k, p.batch));
-    auto sb = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, make_shape(n, p.k, p.batch));
-    auto sd = cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, make_shape(m, n, p.batch));
+    auto sa =
+        cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, make_shape(m, p.k, p.batch));
+    auto sb =
+        cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, make_shape(n, p.k, p.batch));
+    auto sd =
+        cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, make_shape(m, n, p.batch));
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
         {m, n, p.k, p.batch},
@@ -240,7 +247,7 @@ struct CutlassUniversalGemm {
     // The dispatcher has matched the schedule to the variant's kind; only the
     // stream-K scheduler reads it at run time.
     if (!kHasStreamK && (c.schedule == Schedule::kStreamK || c.schedule == Schedule::kSplitK))
-      return "this variant has one built-in schedule (static, dynamic or clc)";
+      return "stream-K and split-K need the stream-K scheduler, which this variant lacks";
     if (!Epilogue::kFused && !p.epilogue.is_identity())
       return "this variant has no fused epilogue (bias, activation, C)";
     if (p.epilogue.beta != 0.0f && p.epilogue.c == nullptr) return "beta is not 0 but C is missing";

@@ -16,8 +16,8 @@
 #include <type_traits>
 
 #include <cub/block/block_scan.cuh>
-#include <cute/tensor.hpp>
 #include <cuda_runtime_api.h>
+#include <cute/tensor.hpp>
 
 #include "common/gemm_problem.h"
 
@@ -27,8 +27,8 @@ namespace jax_cluster {
 // ragged_k: D[g] = A[rows of g]ᵀ · B[rows of g]; a group without rows is zero.
 enum class RaggedProblem : int { kRaggedM = 0, kRaggedK = 1 };
 
-template <class Shape, class ElementA, class ElementB, class ElementD, class StrideA,
-          class StrideB, class StrideD>
+template <class Shape, class ElementA, class ElementB, class ElementD, class StrideA, class StrideB,
+          class StrideD>
 struct RaggedGroupArrays {
   Shape* shapes;
   const ElementA** a;

@@ -37,7 +37,11 @@ struct RaggedWorkspace {
     auto round = [](size_t x) { return (x + 127) / 128 * 128; };
     Layout l{};
     size_t at = 0;
-    auto take = [&](size_t bytes) { size_t here = at; at += round(bytes); return here; };
+    auto take = [&](size_t bytes) {
+      size_t here = at;
+      at += round(bytes);
+      return here;
+    };
     l.shapes = take(groups * sizeof(Shape));
     l.a = take(groups * sizeof(void*));
     l.b = take(groups * sizeof(void*));
@@ -54,14 +58,11 @@ struct RaggedWorkspace {
 
   static Arrays arrays(void* workspace, const Layout& l, bool with_tile_start) {
     auto* w = static_cast<char*>(workspace);
-    Arrays out{reinterpret_cast<Shape*>(w + l.shapes),
-               reinterpret_cast<const ElementA**>(w + l.a),
-               reinterpret_cast<const ElementB**>(w + l.b),
-               reinterpret_cast<ElementD**>(w + l.d),
-               reinterpret_cast<StrideA*>(w + l.stride_a),
-               reinterpret_cast<StrideB*>(w + l.stride_b),
-               reinterpret_cast<StrideD*>(w + l.stride_d),
-               reinterpret_cast<int64_t*>(w + l.covered)};
+    Arrays out{
+        reinterpret_cast<Shape*>(w + l.shapes),      reinterpret_cast<const ElementA**>(w + l.a),
+        reinterpret_cast<const ElementB**>(w + l.b), reinterpret_cast<ElementD**>(w + l.d),
+        reinterpret_cast<StrideA*>(w + l.stride_a),  reinterpret_cast<StrideB*>(w + l.stride_b),
+        reinterpret_cast<StrideD*>(w + l.stride_d),  reinterpret_cast<int64_t*>(w + l.covered)};
     if (with_tile_start) out.tile_start = reinterpret_cast<int32_t*>(w + l.tile_start);
     return out;
   }
@@ -79,9 +80,9 @@ struct RaggedWorkspace {
         p.group_sizes, p.batch, rows, p.m, p.n, p.k, p.a, p.b, p.d, arrays, stride_a, stride_b,
         stride_d, cluster_tile_m, tiles_n);
     int64_t row_bytes = int64_t(p.n) * sizeof(ElementD);
-    zero_uncovered_output<Problem><<<zero_blocks, 256, 0, stream>>>(
-        arrays.shapes, arrays.covered_rows, p.batch, rows, row_bytes, int64_t(p.m) * row_bytes,
-        p.d);
+    zero_uncovered_output<Problem>
+        <<<zero_blocks, 256, 0, stream>>>(arrays.shapes, arrays.covered_rows, p.batch, rows,
+                                          row_bytes, int64_t(p.m) * row_bytes, p.d);
     cudaError_t err = cudaGetLastError();
     return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
   }

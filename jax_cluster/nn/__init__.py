@@ -5,6 +5,7 @@
 checkpoints are Flax's. `GroupedLinear` holds G expert kernels [G,K,N] and
 applies them with `jax_cluster.ragged_dot`; `MoEMLP` routes tokens to them.
 """
+
 from jax_cluster.nn.dense import Dense
 from jax_cluster.nn.grouped import GroupedLinear
 from jax_cluster.nn.linear import Linear

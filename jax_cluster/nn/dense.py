@@ -1,6 +1,7 @@
 """linen.Dense on jax_cluster: the product and the bias (and an optional
 activation) in one fused kernel; under differentiation with an activation,
 a plain GEMM and one XLA pass (see jax_cluster.linear)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -9,9 +10,9 @@ import jax.numpy as jnp
 from flax import linen
 from jax import lax
 
-from jax_cluster.api import dot_general as cluster_dot_general
-from jax_cluster.linear import linear
-from jax_cluster.local_primitives import activation_fn
+from jax_cluster.ops.dense import dot_general as cluster_dot_general
+from jax_cluster.ops.linear import linear
+from jax_cluster.primitives.activations import activation_fn
 
 
 class Dense(linen.Dense):
@@ -26,16 +27,12 @@ class Dense(linen.Dense):
 
     @linen.compact
     def __call__(self, inputs):
-        kernel = self.param("kernel", self.kernel_init, (jnp.shape(inputs)[-1], self.features),
-                            self.param_dtype)
-        bias = (self.param("bias", self.bias_init, (self.features,), self.param_dtype)
-                if self.use_bias else None)
+        kernel = self.param("kernel", self.kernel_init, (jnp.shape(inputs)[-1], self.features), self.param_dtype)
+        bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else None
         inputs, kernel, bias = self.promote_dtype(inputs, kernel, bias, dtype=self.dtype)
         act = activation_fn(self.activation)
         if self.dot_general_cls is None and self.dot_general is cluster_dot_general:
             return linear(inputs, kernel, bias, activation=self.activation)
-        product = (self.dot_general_cls() if self.dot_general_cls is not None
-                   else self.dot_general or lax.dot_general)
-        y = product(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())),
-                    precision=self.precision)
+        product = self.dot_general_cls() if self.dot_general_cls is not None else self.dot_general or lax.dot_general
+        y = product(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())), precision=self.precision)
         return act(y if bias is None else y + bias)

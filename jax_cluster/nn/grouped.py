@@ -1,11 +1,15 @@
 """GroupedLinear: one linear map per group (expert), applied with ragged_dot."""
+
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jax_cluster.ragged import ragged_dot as cluster_ragged_dot
+from jax_cluster.ops.ragged_dot import ragged_dot as cluster_ragged_dot
+
+# nnx.Linear's default kernel initialiser
+LINEAR_KERNEL_INIT = nnx.initializers.lecun_normal()
 
 
 class GroupedLinear(nnx.Module):
@@ -20,13 +24,21 @@ class GroupedLinear(nnx.Module):
     which takes [G] sizes only).
     """
 
-    def __init__(self, num_groups: int, in_features: int, out_features: int, *,
-                 dtype=None, param_dtype=jnp.float32, preferred_element_type=None,
-                 kernel_init=nnx.initializers.lecun_normal(), ragged_dot=cluster_ragged_dot,
-                 rngs: nnx.Rngs):
+    def __init__(
+        self,
+        num_groups: int,
+        in_features: int,
+        out_features: int,
+        *,
+        dtype=None,
+        param_dtype=jnp.float32,
+        preferred_element_type=None,
+        kernel_init=LINEAR_KERNEL_INIT,
+        ragged_dot=cluster_ragged_dot,
+        rngs: nnx.Rngs,
+    ):
         keys = jax.random.split(rngs.params(), num_groups)
-        self.kernel = nnx.Param(jax.vmap(
-            lambda key: kernel_init(key, (in_features, out_features), param_dtype))(keys))
+        self.kernel = nnx.Param(jax.vmap(lambda key: kernel_init(key, (in_features, out_features), param_dtype))(keys))
         self.num_groups, self.in_features, self.out_features = num_groups, in_features, out_features
         self.dtype, self.param_dtype = dtype, param_dtype
         self.preferred_element_type = preferred_element_type
@@ -36,5 +48,6 @@ class GroupedLinear(nnx.Module):
         kernel = self.kernel[...]
         # nnx.Linear's promotion: the given dtype, else the inputs' common type
         dtype = self.dtype or jnp.result_type(x, kernel)
-        return self.ragged_dot(x.astype(dtype), kernel.astype(dtype), group_sizes,
-                               preferred_element_type=self.preferred_element_type)
+        return self.ragged_dot(
+            x.astype(dtype), kernel.astype(dtype), group_sizes, preferred_element_type=self.preferred_element_type
+        )

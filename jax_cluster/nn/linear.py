@@ -1,13 +1,14 @@
 """nnx.Linear on jax_cluster: the product and the bias (and an optional
 activation) in one fused kernel; under differentiation with an activation,
 a plain GEMM and one XLA pass (see jax_cluster.linear)."""
+
 from __future__ import annotations
 
 from flax import nnx
 
-from jax_cluster.api import dot_general as cluster_dot_general
-from jax_cluster.linear import linear
-from jax_cluster.local_primitives import activation_fn
+from jax_cluster.ops.dense import dot_general as cluster_dot_general
+from jax_cluster.ops.linear import linear
+from jax_cluster.primitives.activations import activation_fn
 
 
 class Linear(nnx.Linear):
@@ -22,15 +23,25 @@ class Linear(nnx.Linear):
     Flax's own path (the activation then runs after it).
     """
 
-    def __init__(self, in_features: int, out_features: int, *, activation: str = "none",
-                 dot_general=cluster_dot_general, **kwargs):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        activation: str = "none",
+        dot_general=cluster_dot_general,
+        **kwargs,
+    ):
         activation_fn(activation)  # an unknown name fails here, not at the first call
         super().__init__(in_features, out_features, dot_general=dot_general, **kwargs)
         self.activation = activation
 
     def __call__(self, inputs, out_sharding=None):
-        if (self.dot_general is not cluster_dot_general or out_sharding is not None
-                or getattr(self, "preferred_element_type", None) is not None):
+        if (
+            self.dot_general is not cluster_dot_general
+            or out_sharding is not None
+            or getattr(self, "preferred_element_type", None) is not None
+        ):
             return activation_fn(self.activation)(super().__call__(inputs, out_sharding=out_sharding))
         kernel = self.kernel[...]
         bias = self.bias[...] if self.bias is not None else None

@@ -1,5 +1,6 @@
 """A mixture-of-experts MLP: top-k routing, tokens sorted by expert, three
 grouped products (gate, up, down), then unsorted and combined."""
+
 from __future__ import annotations
 
 import functools
@@ -8,10 +9,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jax_cluster.api import dot_general as cluster_dot_general
 from jax_cluster.nn.grouped import GroupedLinear
 from jax_cluster.nn.linear import Linear
-from jax_cluster.ragged import ragged_dot as cluster_ragged_dot
+from jax_cluster.ops.dense import dot_general as cluster_dot_general
+from jax_cluster.ops.ragged_dot import ragged_dot as cluster_ragged_dot
 
 
 def route(logits, top_k: int):
@@ -47,17 +48,36 @@ class MoEMLP(nnx.Module):
     token_blocks=1).
     """
 
-    def __init__(self, features: int, hidden: int, num_experts: int, top_k: int, *,
-                 token_blocks: int = 1, activation=nnx.silu, dtype=None,
-                 param_dtype=jnp.float32, dot_general=cluster_dot_general,
-                 ragged_dot=cluster_ragged_dot, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        features: int,
+        hidden: int,
+        num_experts: int,
+        top_k: int,
+        *,
+        token_blocks: int = 1,
+        activation=nnx.silu,
+        dtype=None,
+        param_dtype=jnp.float32,
+        dot_general=cluster_dot_general,
+        ragged_dot=cluster_ragged_dot,
+        rngs: nnx.Rngs,
+    ):
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"MoEMLP: top_k must be in [1, {num_experts}], got {top_k}")
         self.top_k, self.token_blocks, self.activation = top_k, token_blocks, activation
-        self.router = Linear(features, num_experts, use_bias=False, dtype=dtype,
-                             param_dtype=param_dtype, dot_general=dot_general, rngs=rngs)
-        grouped = functools.partial(GroupedLinear, num_experts, dtype=dtype,
-                                    param_dtype=param_dtype, ragged_dot=ragged_dot, rngs=rngs)
+        self.router = Linear(
+            features,
+            num_experts,
+            use_bias=False,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            dot_general=dot_general,
+            rngs=rngs,
+        )
+        grouped = functools.partial(
+            GroupedLinear, num_experts, dtype=dtype, param_dtype=param_dtype, ragged_dot=ragged_dot, rngs=rngs
+        )
         self.gate = grouped(features, hidden)
         self.up = grouped(features, hidden)
         self.down = grouped(hidden, features)
@@ -67,19 +87,20 @@ class MoEMLP(nnx.Module):
         tokens = x.reshape(-1, features)
         blocks = self.token_blocks
         if tokens.shape[0] % blocks:
-            raise ValueError(f"MoEMLP: {tokens.shape[0]} tokens do not split into "
-                             f"{blocks} token_blocks")
+            raise ValueError(f"MoEMLP: {tokens.shape[0]} tokens do not split into {blocks} token_blocks")
         per_block = tokens.shape[0] // blocks
         logits = self.router(tokens).reshape(blocks, per_block, -1)
         order, weights, sizes = jax.vmap(functools.partial(route, top_k=self.top_k))(logits)
         by_block = tokens.reshape(blocks, per_block, features)
         rows = jnp.take_along_axis(by_block, (order // self.top_k)[..., None], axis=1)
-        rows = rows.reshape(-1, features)                      # [S*T*top_k, D], sorted
+        rows = rows.reshape(-1, features)  # [S*T*top_k, D], sorted
         sizes = sizes if blocks > 1 else sizes[0]
         hidden = self.activation(self.gate(rows, sizes)) * self.up(rows, sizes)
         out = self.down(hidden, sizes).reshape(blocks, per_block * self.top_k, features)
         # back to (token, slot) order, then each token's weighted sum over its slots
         unsorted = jnp.take_along_axis(out, jnp.argsort(order, axis=-1)[..., None], axis=1)
-        combined = (unsorted.reshape(blocks, per_block, self.top_k, features)
-                    * weights.reshape(blocks, per_block, self.top_k, 1).astype(out.dtype)).sum(2)
+        combined = (
+            unsorted.reshape(blocks, per_block, self.top_k, features)
+            * weights.reshape(blocks, per_block, self.top_k, 1).astype(out.dtype)
+        ).sum(2)
         return combined.reshape(x.shape)

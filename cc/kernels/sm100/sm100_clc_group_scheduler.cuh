@@ -81,13 +81,15 @@ class ClcGroupScheduler
 
   // No scheduler workspace: tile_start belongs to the caller's workspace.
   template <class ProblemShape, class ElementAccumulator>
-  static size_t get_workspace_size(Arguments const&, ProblemShape, cutlass::KernelHardwareInfo const&,
-                                   uint32_t, uint32_t = 1, uint32_t = 1) {
+  static size_t get_workspace_size(Arguments const&, ProblemShape,
+                                   cutlass::KernelHardwareInfo const&, uint32_t, uint32_t = 1,
+                                   uint32_t = 1) {
     return 0;
   }
 
   template <class ProblemShape, class ElementAccumulator>
-  static cutlass::Status initialize_workspace(Arguments const&, void*, cudaStream_t, ProblemShape const&,
+  static cutlass::Status initialize_workspace(Arguments const&, void*, cudaStream_t,
+                                              ProblemShape const&,
                                               cutlass::KernelHardwareInfo const&, uint32_t,
                                               uint32_t = 1, uint32_t = 1,
                                               cutlass::CudaHostAdapter* = nullptr) {
@@ -159,7 +161,8 @@ namespace cutlass::gemm::kernel::detail {
 template <class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
 struct TileSchedulerSelector<GroupScheduler, arch::Sm100, TileShape, ClusterShape,
                              SchedulerPipelineStageCount, jax_cluster::sm100::RaggedClcShape> {
-  using Scheduler = jax_cluster::sm100::ClcGroupScheduler<ClusterShape, SchedulerPipelineStageCount>;
+  using Scheduler =
+      jax_cluster::sm100::ClcGroupScheduler<ClusterShape, SchedulerPipelineStageCount>;
 };
 
 }  // namespace cutlass::gemm::kernel::detail

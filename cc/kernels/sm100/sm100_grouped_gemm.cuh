@@ -45,10 +45,9 @@ struct ClcScheduling {
   static Launch launch(const GemmProblem& p) {
     Launch l;
     l.tiles_n = (p.n + MmaN - 1) / MmaN;
-    int64_t row_tiles =
-        Problem == RaggedProblem::kRaggedM
-            ? (int64_t(p.m) + std::min<int64_t>(p.batch, p.m) * (MmaM - 1)) / MmaM
-            : int64_t(p.batch) * ((int64_t(p.m) + MmaM - 1) / MmaM);
+    int64_t row_tiles = Problem == RaggedProblem::kRaggedM
+                            ? (int64_t(p.m) + std::min<int64_t>(p.batch, p.m) * (MmaM - 1)) / MmaM
+                            : int64_t(p.batch) * ((int64_t(p.m) + MmaM - 1) / MmaM);
     l.bound_clusters = std::max<int64_t>(row_tiles * l.tiles_n, 1);  // a launch needs a cluster
     return l;
   }
@@ -65,12 +64,12 @@ struct ClcScheduling {
 
 template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int MmaM, int MmaN,
           int MmaK, int Stages, RaggedProblem Problem>
-using GroupedGemm = CutlassGroupedGemm<
-    cutlass::arch::Sm100, ElementAB, ElementD, LayoutA, LayoutB,
-    cute::Shape<cute::Int<MmaM>, cute::Int<MmaN>, cute::Int<MmaK>>,
-    cute::Shape<cute::_2, cute::_1, cute::_1>, Stages,
-    cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmSm100,
-    cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm, Problem,
-    ClcScheduling<Problem, MmaM, MmaN, /*ClusterM=*/2>>;
+using GroupedGemm =
+    CutlassGroupedGemm<cutlass::arch::Sm100, ElementAB, ElementD, LayoutA, LayoutB,
+                       cute::Shape<cute::Int<MmaM>, cute::Int<MmaN>, cute::Int<MmaK>>,
+                       cute::Shape<cute::_2, cute::_1, cute::_1>, Stages,
+                       cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmSm100,
+                       cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm, Problem,
+                       ClcScheduling<Problem, MmaM, MmaN, /*ClusterM=*/2>>;
 
 }  // namespace jax_cluster::sm100

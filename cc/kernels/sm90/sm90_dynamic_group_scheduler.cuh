@@ -34,11 +34,13 @@ struct RaggedProblemShape : cutlass::gemm::GroupProblemShape<cute::Shape<int, in
 inline constexpr int kGroupSchedulerStages = 2;
 
 template <class GroupProblemShape>
-class DynamicGroupScheduler : public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Group<
-                                  GroupProblemShape, kGroupSchedulerStages>,
-                              public WorkQueueCounter {
-  using Static = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Group<
-      GroupProblemShape, kGroupSchedulerStages>;
+class DynamicGroupScheduler
+    : public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Group<GroupProblemShape,
+                                                                             kGroupSchedulerStages>,
+      public WorkQueueCounter {
+  using Static =
+      cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Group<GroupProblemShape,
+                                                                      kGroupSchedulerStages>;
 
  public:
   using typename Static::Arguments;
@@ -49,14 +51,13 @@ class DynamicGroupScheduler : public cutlass::gemm::kernel::detail::PersistentTi
 
   template <class TileShape, class ClusterShape>
   static Params to_underlying_arguments(GroupProblemShape problem, TileShape tile,
-                                        ClusterShape cluster,
-                                        cutlass::KernelHardwareInfo const& hw,
+                                        ClusterShape cluster, cutlass::KernelHardwareInfo const& hw,
                                         Arguments const& args, void* workspace = nullptr,
                                         uint32_t epilogue_subtile = 1, uint32_t = 1u) {
     static_assert(cute::size(ClusterShape{}) == 1, "the dynamic group scheduler runs 1x1 clusters");
-    return Params::with_counter(
-        Static::to_underlying_arguments(problem, tile, cluster, hw, args, workspace, epilogue_subtile),
-        workspace);
+    return Params::with_counter(Static::to_underlying_arguments(problem, tile, cluster, hw, args,
+                                                                workspace, epilogue_subtile),
+                                workspace);
   }
 
   using WorkQueueCounter::get_workspace_size;

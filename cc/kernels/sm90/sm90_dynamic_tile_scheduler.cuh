@@ -65,7 +65,8 @@ class ClusterBroadcastPipeline {
     is_producer_cta_ = cute::block_rank_in_cluster() == params.producer_blockid;
     if (cutlass::canonical_warp_idx_sync() == params.initializing_warp && cute::elect_one_sync()) {
       // Consumers release once per warp, from every CTA of the cluster.
-      uint32_t release_count = params.consumer_arv_count / cutlass::NumThreadsPerWarp * cluster_size_;
+      uint32_t release_count =
+          params.consumer_arv_count / cutlass::NumThreadsPerWarp * cluster_size_;
       for (uint32_t s = 0; s < Stages; ++s) {
         storage.full[s].init(1);
         storage.empty[s].init(release_count);
@@ -94,7 +95,8 @@ class ClusterBroadcastPipeline {
   // The producer CTA must outlive every remote release aimed at it.
   CUTLASS_DEVICE void producer_tail(PipelineState state) {
     if (!is_producer_cta_) return;
-    for (uint32_t i = 0; i < Stages; ++i, ++state) storage_.empty[state.index()].wait(state.phase());
+    for (uint32_t i = 0; i < Stages; ++i, ++state)
+      storage_.empty[state.index()].wait(state.phase());
   }
 
   CUTLASS_DEVICE void consumer_wait(PipelineState state) {
@@ -104,7 +106,8 @@ class ClusterBroadcastPipeline {
   // Whole warp: every lane has read the slot before lane 0 releases it.
   CUTLASS_DEVICE void consumer_release(PipelineState state) {
     __syncwarp();
-    if (cutlass::canonical_lane_idx() == 0) storage_.empty[state.index()].arrive(params_.producer_blockid);
+    if (cutlass::canonical_lane_idx() == 0)
+      storage_.empty[state.index()].arrive(params_.producer_blockid);
   }
 
  private:
@@ -158,7 +161,9 @@ class DynamicTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
   class SharedStorage {
    public:
     CUTLASS_DEVICE typename Pipeline::SharedStorage& pipeline() { return pipeline_; }
-    CUTLASS_DEVICE typename ThrottlePipeline::SharedStorage& throttle_pipeline() { return throttle_; }
+    CUTLASS_DEVICE typename ThrottlePipeline::SharedStorage& throttle_pipeline() {
+      return throttle_;
+    }
     CUTLASS_DEVICE CLCResponse* data() { return data_; }
 
    private:
@@ -178,11 +183,11 @@ class DynamicTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
     const uint32_t cm = cute::size<0>(cluster), cn = cute::size<1>(cluster);
     Params p;
     static_cast<QueueParams&>(p) = QueueParams::with_counter(base, workspace);
-    p.order = ClusterTileOrder::make(
-        ceil_div(ceil_div(cute::get<0>(problem), cute::size<0>(tile)), cm),
-        ceil_div(ceil_div(cute::get<1>(problem), cute::size<1>(tile)), cn),
-        uint32_t(cute::get<3>(problem)), uint32_t(args.max_swizzle_size),
-        base.raster_order_ == RasterOrder::AlongN);
+    p.order =
+        ClusterTileOrder::make(ceil_div(ceil_div(cute::get<0>(problem), cute::size<0>(tile)), cm),
+                               ceil_div(ceil_div(cute::get<1>(problem), cute::size<1>(tile)), cn),
+                               uint32_t(cute::get<3>(problem)), uint32_t(args.max_swizzle_size),
+                               base.raster_order_ == RasterOrder::AlongN);
     return p;
   }
 

@@ -45,10 +45,11 @@ struct Pingpong {
 template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
           int TileK, int ClusterM, int ClusterN, int Stages, class Kind,
           class Epilogue = PlainEpilogue, bool SwapAB = false>
-using GemmWsPersistent = CutlassUniversalGemm<
-    cutlass::arch::Sm90, ElementAB, ElementD, LayoutA, LayoutB,
-    cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>,
-    cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>, Stages,
-    typename Kind::Mainloop, typename Kind::Epilogue, typename Kind::Scheduler, Epilogue, SwapAB>;
+using GemmWsPersistent =
+    CutlassUniversalGemm<cutlass::arch::Sm90, ElementAB, ElementD, LayoutA, LayoutB,
+                         cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>,
+                         cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>, Stages,
+                         typename Kind::Mainloop, typename Kind::Epilogue, typename Kind::Scheduler,
+                         Epilogue, SwapAB>;
 
 }  // namespace jax_cluster::sm90

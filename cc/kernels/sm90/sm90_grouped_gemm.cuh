@@ -36,11 +36,12 @@ struct WorkQueueScheduling {
 
 template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
           int TileK, int Stages, RaggedProblem Problem>
-using GroupedGemm = CutlassGroupedGemm<
-    cutlass::arch::Sm90, ElementAB, ElementD, LayoutA, LayoutB,
-    cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>,
-    cute::Shape<cute::_1, cute::_1, cute::_1>, Stages,
-    cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
-    cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, Problem, WorkQueueScheduling>;
+using GroupedGemm =
+    CutlassGroupedGemm<cutlass::arch::Sm90, ElementAB, ElementD, LayoutA, LayoutB,
+                       cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>,
+                       cute::Shape<cute::_1, cute::_1, cute::_1>, Stages,
+                       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+                       cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, Problem,
+                       WorkQueueScheduling>;
 
 }  // namespace jax_cluster::sm90

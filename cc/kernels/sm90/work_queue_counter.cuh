@@ -26,15 +26,17 @@ struct WorkQueueParams : StaticParams {
 
 struct WorkQueueCounter {
   template <class ProblemShape, class ElementAccumulator, class Arguments>
-  static size_t get_workspace_size(Arguments const&, ProblemShape, cutlass::KernelHardwareInfo const&,
-                                   uint32_t, uint32_t = 1, uint32_t = 1) {
+  static size_t get_workspace_size(Arguments const&, ProblemShape,
+                                   cutlass::KernelHardwareInfo const&, uint32_t, uint32_t = 1,
+                                   uint32_t = 1) {
     return sizeof(uint32_t);
   }
 
   template <class ProblemShape, class ElementAccumulator, class Arguments>
-  static cutlass::Status initialize_workspace(Arguments const&, void* workspace, cudaStream_t stream,
-                                              ProblemShape, cutlass::KernelHardwareInfo const&,
-                                              uint32_t, uint32_t = 1, uint32_t = 1,
+  static cutlass::Status initialize_workspace(Arguments const&, void* workspace,
+                                              cudaStream_t stream, ProblemShape,
+                                              cutlass::KernelHardwareInfo const&, uint32_t,
+                                              uint32_t = 1, uint32_t = 1,
                                               cutlass::CudaHostAdapter* adapter = nullptr) {
     return cutlass::zero_workspace(workspace, sizeof(uint32_t), stream, adapter);
   }

@@ -1,0 +1,2 @@
+"""The public ops: they validate the operands, normalise layouts and bind the
+primitives (matmul, dot_general, ragged_dot, linear)."""

@@ -1,0 +1,191 @@
+"""The dense ops: `matmul` and `dot_general` validate and normalise layouts,
+then hand over to gemm_p; `plan` says what such a call would run."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec
+
+from jax_cluster.planning.call import Call
+from jax_cluster.planning.dense import plan_gemm
+from jax_cluster.planning.plan import Plan, dtype_name
+from jax_cluster.primitives import plans
+from jax_cluster.primitives.gemm import gemm
+
+
+def matmul(a, b, *, out_dtype=None, plan: Plan | None = None):
+    """`a @ b` with NumPy matmul semantics on a cluster-persistent kernel.
+
+    a is [..., M, K] and b is [K, N] or [..., K, N] (batch dims broadcast);
+    1-D operands are promoted as in `jnp.matmul`. Mixed input dtypes promote.
+    `out_dtype` defaults to the input dtype (accumulation is always fp32).
+    `plan` pins the choices (see `jax_cluster.plan`); it must be made for the
+    call's flattened problem.
+    """
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError("jax_cluster.matmul: operands must have rank >= 1, got a scalar")
+    dtype = jnp.result_type(a, b)
+    a, b = a.astype(dtype), b.astype(dtype)
+    squeeze = []
+    if a.ndim == 1:
+        a, squeeze = a[None, :], squeeze + [-2]
+    if b.ndim == 1:
+        b, squeeze = b[:, None], squeeze + [-1]
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(
+            f"jax_cluster.matmul: contracting dimensions differ: a {a.shape} has "
+            f"K={a.shape[-1]}, b {b.shape} has K={b.shape[-2]}"
+        )
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    if b.ndim == 2:  # one weight: every leading dim of a folds into M for free
+        lead = a.shape[:-2]
+        out = gemm(a.reshape(-1, k), b, a_major="k", b_major="n", out_dtype=out_dtype, plan=plan)
+        out = out.reshape(*lead, m, n)
+    else:
+        batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        a3 = jnp.broadcast_to(a, (*batch, m, k)).reshape(-1, m, k)
+        b3 = jnp.broadcast_to(b, (*batch, k, n)).reshape(-1, k, n)
+        out = gemm(a3, b3, a_major="k", b_major="n", out_dtype=out_dtype, plan=plan)
+        out = out.reshape(*batch, m, n)
+    for axis in squeeze:
+        out = jnp.squeeze(out, axis=axis if len(squeeze) == 1 else -1)
+    return out
+
+
+def _as_gemm(lhs, rhs, dimension_numbers):
+    """(a, b, a_major, b_major, out_shape) when the dot maps onto the kernel
+    without copies, else None."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    nb = len(lb)
+    if len(lc) != 1 or len(rc) != 1 or tuple(lb) != tuple(range(nb)) or tuple(rb) != tuple(range(nb)):
+        return None
+    (lc,), (rc,) = lc, rc
+    batch = lhs.shape[:nb]
+    if lc == lhs.ndim - 1 and lhs.ndim > nb + 1:
+        a_major, lhs_free = "k", lhs.shape[nb:-1]
+    elif lc == nb and lhs.ndim == nb + 2:
+        a_major, lhs_free = "m", lhs.shape[nb + 1 :]
+    else:
+        return None
+    if rc == nb and rhs.ndim > nb + 1:
+        b_major, rhs_free = "n", rhs.shape[nb + 1 :]
+    elif rc == rhs.ndim - 1 and rhs.ndim > nb + 1:
+        b_major, rhs_free = "k", rhs.shape[nb:-1]
+    else:
+        return None
+    m, n, k = math.prod(lhs_free), math.prod(rhs_free), lhs.shape[lc]
+    lead = (math.prod(batch),) if nb else ()
+    a = lhs.reshape(*lead, *((m, k) if a_major == "k" else (k, m)))
+    b = rhs.reshape(*lead, *((n, k) if b_major == "k" else (k, n)))
+    return a, b, a_major, b_major, (*batch, *lhs_free, *rhs_free)
+
+
+def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None):
+    """Drop-in for `lax.dot_general` (and Flax's `dot_general=` hook).
+
+    Dots with one contracting dimension and leading batch dimensions run on
+    the kernel; every other form and mixed input dtypes go to
+    `lax.dot_general` unchanged. `out_sharding` (which `nnx.Linear` passes,
+    None by default) is applied to the kernel's output; only when it is given
+    and a mesh with explicit axes is set or typed into the operands does the
+    call go to `lax.dot_general`, which types the sharding.
+    """
+    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    mapped = None
+    if lhs.dtype == rhs.dtype and not _explicit_mesh(lhs, rhs, out_sharding):
+        mapped = _as_gemm(lhs, rhs, dimension_numbers)
+    if mapped is None:
+        return lax.dot_general(
+            lhs,
+            rhs,
+            dimension_numbers,
+            precision=precision,
+            preferred_element_type=preferred_element_type,
+            out_sharding=out_sharding,
+        )
+    a, b, a_major, b_major, out_shape = mapped
+    out = gemm(a, b, a_major=a_major, b_major=b_major, out_dtype=preferred_element_type)
+    out = out.reshape(out_shape)
+    if _constrains(out_sharding):
+        out = _place(out, out_sharding)
+    return out
+
+
+def _explicit_mesh(lhs, rhs, out_sharding) -> bool:
+    """Whether sharding is part of the operands' types (AxisType.Explicit): the
+    kernel's primitive has no sharding rule for types, lax.dot_general has."""
+    if out_sharding is None:
+        return False
+    meshes = [jax.sharding.get_abstract_mesh()]
+    meshes += [getattr(jax.typeof(x).sharding, "mesh", None) for x in (lhs, rhs)]
+    return any(_has_explicit_axes(m) for m in meshes)
+
+
+def _has_explicit_axes(mesh) -> bool:
+    return mesh is not None and not mesh.empty and jax.sharding.AxisType.Explicit in mesh.axis_types
+
+
+def _place(out, out_sharding):
+    """The kernel's output in the asked sharding: reshard onto a mesh with
+    explicit axes (with_sharding_constraint refuses those), else a constraint."""
+    if _has_explicit_axes(getattr(out_sharding, "mesh", None)):
+        return jax.sharding.reshard(out, out_sharding)
+    return jax.lax.with_sharding_constraint(out, out_sharding)
+
+
+def _constrains(out_sharding) -> bool:
+    """False for None and for a spec that splits nothing outside any mesh,
+    which asks for nothing a constraint could say."""
+    if out_sharding is None:
+        return False
+    if isinstance(out_sharding, PartitionSpec) and jax.sharding.get_abstract_mesh().empty:
+        if all(entry is None for entry in out_sharding):
+            return False
+        raise ValueError(
+            f"jax_cluster.dot_general: out_sharding={out_sharding} names mesh axes "
+            "but no mesh is set; pass a NamedSharding or use jax.set_mesh"
+        )
+    return True
+
+
+def plan(
+    m: int,
+    n: int,
+    k: int,
+    *,
+    dtype,
+    out_dtype=None,
+    batch: int = 1,
+    device=None,
+    a_major: str = "k",
+    b_major: str = "n",
+    **overrides,
+) -> Plan:
+    """The plan `jax_cluster.matmul` would use for A [M,K] @ B [K,N] (by default).
+
+    `device` is a jax Device or a `DeviceInfo` (to plan for a GPU that is not
+    present). Keyword overrides pin choices (see `planning.dense.plan_gemm`);
+    without them the answer is what a call gets, the autotune cache's entry
+    included when reading it is on.
+    """
+    if overrides:
+        return plan_gemm(
+            m,
+            n,
+            k,
+            dtype=dtype,
+            out_dtype=out_dtype,
+            batch=batch,
+            a_major=a_major,
+            b_major=b_major,
+            device=device,
+            **overrides,
+        )
+    out = dtype_name(out_dtype if out_dtype is not None else dtype)
+    call = Call("dense", int(m), int(n), int(k), int(batch), a_major, b_major, dtype_name(dtype), out)
+    return plans.fresh(call, device)

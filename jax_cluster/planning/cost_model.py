@@ -1,0 +1,188 @@
+"""The cost model: every constant the planners, `explain` and the tail
+simulator's callers read, and the formulas that turn a candidate into a time.
+
+Times are in tile-units: the time one SM takes for one output element over
+the whole K. The peaks are modelled, not queried (CUDA reports neither):
+dense bf16 tensor throughput per SM at the boost clock, and HBM bandwidth by
+product name, else by architecture. `Plan.explain()` labels them so.
+"""
+
+from __future__ import annotations
+
+import math
+
+from jax_cluster.planning import tables
+
+PORTABLE_CLUSTER_SIZE = 8  # CUDA guarantees clusters up to 8 CTAs; more needs an opt-in
+
+# Relative mainloop efficiency of an MMA tile (a modelled lead, refined on the
+# H200 by the benchmarks): smaller tiles re-read operands more per FLOP, and a
+# 2-CTA UMMA halves each CTA's share of B.
+TILE_EFFICIENCY = {
+    ("sm90a", 128, 256): 1.0,
+    ("sm90a", 128, 128): 0.88,
+    ("sm100a", 256, 256): 1.0,
+    ("sm100a", 128, 256): 0.92,
+}
+OTHER_TILE_EFFICIENCY = 0.8
+STREAM_K_OVERHEAD = 1.10  # partial-tile fix-up traffic, modelled
+# Per-tile handoff costs, in tile-times (measured leads from the H200). The
+# work queue pays one atomic fetch per tile, mostly hidden behind the previous
+# tile. The static grid-stride walk (CUTLASS's stream-K scheduler in its
+# data-parallel mode) came out behind the work queue on the same tile in all
+# 14 plain-kernel comparisons timed there, by 0.3-3.6% (median 1.5%), and by
+# 3.7-12% for the fused epilogue (benchmarks/results/h200/schedules_bf16.json),
+# so each of its steps costs more than a fetch.
+DYNAMIC_FETCH_OVERHEAD = 0.005
+STATIC_STEP_OVERHEAD = 0.018
+# What a partial tile's fix-up costs in the simulator's stream-K replay, in tile-times.
+STREAM_K_FIXUP_COST = 0.1
+# explain() replays the tail up to this many tiles; beyond it the tail is a rounding error.
+SIMULATED_TILES_MAX = 20000
+SPLIT_K_SPLITS = (2, 4)
+SPLIT_K_MIN_K_TILES = 8  # fewer k-tiles leave each split too little work to pay off
+STREAM_K_MIN_K_TILES = 4  # below this stream-K has nothing to split
+
+# CUTLASS lowers the swizzle to fit the smaller tile dimension: s needs min >= this.
+SWIZZLE_MIN_TILES = {2: 2, 4: 3, 8: 6}
+SWIZZLE_PADDING_BUDGET = 1.03
+
+# Share of the SMs that must stream at once to saturate HBM, and the bytes a
+# partial tile costs (fp32 out to the workspace and back). Measured leads from
+# bench_planner on the H200 at M <= 128 (planner_vs_exhaustive.json): one wave
+# of whole tiles on 128 of 132 SMs beat stream-K by 11%, on 112 of 132 it lost
+# by 5%, and on 32 of 132 it lost by 18%.
+SATURATING_SM_SHARE = 0.95
+PARTIAL_BYTES_PER_ELEMENT = 8
+
+# dense bf16/f16 tensor-core FLOP/s per SM (H100/H200 SXM: ~989 TFLOP/s on 132
+# SMs; B200: ~2250 TFLOP/s on 148 SMs)
+FLOPS_PER_SM = {"sm90a": 989e12 / 132, "sm100a": 2250e12 / 148}
+# HBM bytes/s by the device name CUDA reports; the arch default is the
+# smallest of its family, so "memory-bound" is never claimed too late.
+BANDWIDTH_BY_NAME = {"H200": 4.8e12, "H100": 3.35e12, "B200": 8.0e12, "GB200": 8.0e12}
+BANDWIDTH_BY_ARCH = {"sm90a": 3.35e12, "sm100a": 8.0e12}
+
+
+# --------------------------------------------------------------------------- roofline
+
+
+def bytes_moved(m: int, n: int, k: int, batch: int, in_bytes: int, out_bytes: int) -> int:
+    """The HBM bytes no schedule avoids: A and B read once, D written once."""
+    return batch * ((m * k + k * n) * in_bytes + m * n * out_bytes)
+
+
+def intensity(m: int, n: int, k: int, batch: int, in_bytes: int, out_bytes: int) -> float:
+    """FLOP per byte if A and B are read once and D written once."""
+    moved = bytes_moved(m, n, k, batch, in_bytes, out_bytes)
+    return 2 * batch * m * n * k / moved if moved else 0.0
+
+
+def ridge(device) -> tuple[float, float, float] | None:
+    """(FLOP/byte, peak FLOP/s, bandwidth bytes/s) of the device, modelled;
+    None for a device without a kernel family or an SM count."""
+    arch = device.arch
+    if arch is None or not device.sm_count:
+        return None
+    peak = FLOPS_PER_SM[arch] * device.sm_count
+    name = (device.name or "").upper()
+    bandwidth = next((bw for key, bw in BANDWIDTH_BY_NAME.items() if key in name.split()), BANDWIDTH_BY_ARCH[arch])
+    return peak / bandwidth, peak, bandwidth
+
+
+# --------------------------------------------------------------------------- tiles and waves
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def cluster_tiles(v: tables.Variant, m, n, batch, swizzle) -> int:
+    """Cluster tiles the persistent scheduler walks: CUTLASS pads the tile grid
+    to multiples of swizzle x cluster, and padded tiles still run the mainloop
+    (the work queue's walk pads to the cluster only)."""
+    swizzle = swizzle if v.pads_swizzle else 1
+    tiles_m = _round_up(math.ceil(m / v.cta_tile_m), swizzle * v.cluster_m)
+    tiles_n = _round_up(math.ceil(n / v.tile_n), swizzle * v.cluster_n)
+    return tiles_m * tiles_n // v.cluster_size * batch
+
+
+def raster_and_swizzle(v: tables.Variant, m, n, batch) -> tuple[str, int]:
+    tiles_m, tiles_n = math.ceil(m / v.cta_tile_m), math.ceil(n / v.tile_n)
+    # CUTLASS's own rule: walk along M when the grid is wider than tall. The
+    # work queue walks along M, in bands of N, on any grid: on the H200 that
+    # beat bands of M on all four large shapes timed (bench_walk: 0.4-2.9%).
+    raster = "along_m" if tiles_n > tiles_m or not v.pads_swizzle else "along_n"
+    base = cluster_tiles(v, m, n, batch, 1)
+    swizzle = 1
+    for s, need in SWIZZLE_MIN_TILES.items():
+        # Wider swizzles reuse operands in L2, but only while padding stays cheap
+        # (always, for the work queue's walk).
+        if min(tiles_m, tiles_n) >= need and (cluster_tiles(v, m, n, batch, s) <= base * SWIZZLE_PADDING_BUDGET):
+            swizzle = s
+    return raster, swizzle
+
+
+def score(v: tables.Variant, m, n, k, batch, clusters, schedule, swizzle, splits=1):
+    """(modelled compute time in tile-units, waves, efficiency) for one candidate."""
+    tiles = cluster_tiles(v, m, n, batch, swizzle) * splits
+    waves = tiles / clusters
+    # the CTAs of a cluster work side by side: a wave costs one CTA tile
+    efficiency = TILE_EFFICIENCY.get((v.arch, v.tile_m, v.tile_n), OTHER_TILE_EFFICIENCY)
+    tile_cost = v.cta_tile_m * v.tile_n / efficiency
+    # static and dynamic: the makespan of equal tiles on `clusters` workers, as
+    # planning.schedule.simulate computes it (tests check that); each tile but
+    # a cluster's first pays its schedule's handoff.
+    if schedule == "stream_k":
+        time = waves * tile_cost * STREAM_K_OVERHEAD
+    elif schedule == "split_k":  # each unit runs K/splits, then the partials are reduced
+        time = math.ceil(waves) * tile_cost / splits * STREAM_K_OVERHEAD
+    else:
+        step = DYNAMIC_FETCH_OVERHEAD if schedule == "dynamic" else STATIC_STEP_OVERHEAD
+        time = (math.ceil(waves) * (1 + step) - step) * tile_cost
+    work = m * n * batch / (time * clusters * v.cluster_size)
+    return time, waves, min(1.0, work)
+
+
+def grouped_score(v: tables.Variant, m, n, k, groups, problem, clusters, schedule):
+    """(time, waves, efficiency) of a grouped problem, modelled as evenly filled groups."""
+    if problem == "ragged_k":  # one K'xN' output per group, each over ~M/G rows
+        return score(v, m, n, k, groups, clusters, schedule, 1)
+    # ragged_m: each group's last cluster tile along M is on average half empty
+    rows = m + (min(groups, m) - 1) * v.cta_tile_m * v.cluster_m // 2
+    time, waves, eff = score(v, rows, n, k, 1, clusters, schedule, 1)
+    return time, waves, eff * m / rows
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _problem_bytes(m, n, k, batch, dtype, out) -> int:
+    return bytes_moved(m, n, k, batch, tables.DTYPE_BYTES[dtype], tables.DTYPE_BYTES[out])
+
+
+def memory_floor(m, n, k, batch, dtype, out, device) -> float:
+    """The HBM time of `bytes_moved`, in tile-units (0 without a modelled
+    ridge point): no schedule beats it."""
+    edge = ridge(device)
+    if edge is None:
+        return 0.0
+    _, peak, bandwidth = edge
+    return _problem_bytes(m, n, k, batch, dtype, out) / bandwidth * (peak / device.sm_count) / (2 * k)
+
+
+def memory_time(v: tables.Variant, m, n, k, batch, clusters, schedule, swizzle, splits, floor, device):
+    """`floor` for one candidate, in tile-units: plus the partial tiles' round
+    trip (stream-K: about one per worker; split-K: splits - 1 per tile), and
+    stretched while fewer CTAs stream (on average over the waves) than it takes
+    to saturate HBM."""
+    if floor == 0.0:
+        return 0.0
+    tiles = cluster_tiles(v, m, n, batch, swizzle) * v.cluster_size
+    workers = clusters * v.cluster_size
+    partials = {"stream_k": workers, "split_k": tiles * (splits - 1)}.get(schedule, 0)
+    units = tiles * splits  # whole-tile schedules: a short last wave streams with fewer CTAs
+    busy = workers if schedule == "stream_k" else units / math.ceil(units / workers)
+    extra = partials * v.cta_tile_m * v.tile_n * PARTIAL_BYTES_PER_ELEMENT
+    stretch = max(1.0, SATURATING_SM_SHARE * device.sm_count / busy)
+    return floor * (1 + extra / _problem_bytes(m, n, k, batch, v.dtype, v.out)) * stretch

@@ -1,0 +1,91 @@
+"""The planner for grouped GEMMs (ragged_dot): which compiled grouped variant
+runs a ragged problem, or why XLA's ragged_dot does.
+
+A ragged plan describes its GEMM view (m, n, k) plus the group count:
+  ragged_m  out[M,N]: the rows of A [M,K] fall into groups, group g times B[g]
+            (ragged_dot forward and d_lhs): (m, n, k) = (M, N, K).
+  ragged_k  out[G,K',N'] = A_g^T B_g over the rows of group g (d_rhs), A stored
+            [M,K'] and B [M,N']: (m, n, k) = (K', N', M).
+Group sizes live on the device, so the model assumes evenly filled groups.
+"""
+
+from __future__ import annotations
+
+from jax_cluster.planning import cost_model, tables
+from jax_cluster.planning.call import Call
+from jax_cluster.planning.candidates import (
+    NO_RESIDENT_CANDIDATE,
+    Candidate,
+    best_candidate,
+    call_base,
+    kernel_plan,
+    menu_rows,
+)
+from jax_cluster.planning.device import describe
+from jax_cluster.planning.plan import Plan, dtype_name
+
+RAGGED_PROBLEMS = ("ragged_m", "ragged_k")
+DEFAULT_A_MAJOR = {"ragged_m": "k", "ragged_k": "m"}
+OVERRIDABLE = ("variant", "tile", "cluster")
+
+
+def _schedule(v: tables.Variant) -> str:
+    """A grouped kind runs one schedule: sm90's work queue, sm100's CLC."""
+    (schedule,) = v.schedules
+    return schedule
+
+
+def plan_ragged(
+    m: int,
+    n: int,
+    k: int,
+    groups: int,
+    *,
+    problem: str,
+    dtype,
+    out_dtype=None,
+    b_major: str = "n",
+    a_major: str | None = None,
+    device=None,
+    **overrides,
+) -> Plan:
+    """Chooses among the compiled grouped variants for one ragged problem.
+
+    (m, n, k) is the GEMM view described in this module's docstring; `groups`
+    is G. `overrides` pins variant, tile=(m,n,k) or cluster=(m,n); path="xla"
+    forces the fallback. Grouped kernels schedule dynamically: sm90a through a
+    work queue ("dynamic"), sm100a through Cluster Launch Control ("clc").
+    """
+    if problem not in RAGGED_PROBLEMS:
+        raise ValueError(f"plan_ragged(): problem must be one of {RAGGED_PROBLEMS}, got {problem!r}")
+    unknown = set(overrides) - set(OVERRIDABLE) - {"path"}
+    if unknown:
+        raise TypeError(f"plan_ragged(): unknown override(s) {sorted(unknown)}; choose from {OVERRIDABLE + ('path',)}")
+    a_major = a_major or DEFAULT_A_MAJOR[problem]
+    dev = describe(device)
+    out = dtype_name(out_dtype if out_dtype is not None else dtype)
+    call = Call(problem, int(m), int(n), int(k), int(groups), a_major, b_major, dtype_name(dtype), out)
+    base = call_base(call, dev)
+
+    def fallback(reason: str, notes=()) -> Plan:
+        return Plan(**base, path="xla", reason=reason, notes=tuple(notes))
+
+    # group g's rows start at a multiple of the row pitch, so TMA's rule covers every group
+    rows, why = menu_rows(dev, call, overrides, "plan_ragged()")
+    if why:
+        return fallback(why)
+
+    def options(v: tables.Variant, clusters: int):
+        time, waves, eff = cost_model.grouped_score(v, m, n, k, groups, problem, clusters, _schedule(v))
+        yield Candidate((time,), _schedule(v), waves, eff, raster="along_m")
+
+    choice, notes = best_candidate(rows, dev, options)
+    if choice is None:
+        return fallback(NO_RESIDENT_CANDIDATE, notes)
+    notes.append("waves and efficiency are modelled for evenly filled groups; the sizes are only known on the device")
+    v, c = choice.variant, choice.candidate
+    reason = (
+        f"{v.name} fits: {groups} groups over {choice.clusters} resident {v.cluster_m}x{v.cluster_n} "
+        f"clusters, {c.schedule} schedule, modelled efficiency {c.efficiency:.0%}"
+    )
+    return kernel_plan(base, choice, dev, reason, notes)

@@ -1,0 +1,176 @@
+"""The one-device primitives each shard binds, with a concrete Plan: the FFI
+call of a kernel plan on CUDA, and XLA's own ops everywhere else (the
+fallbacks, which follow the kernels' semantics exactly).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.interpreters import mlir
+
+from jax_cluster import _ffi
+from jax_cluster.planning.plan import Plan
+from jax_cluster.planning.tables import ACTIVATIONS, FFI_TARGETS
+from jax_cluster.primitives.activations import apply_epilogue
+from jax_cluster.primitives.operands import gemm_dims, ragged_out_shape
+from jax_cluster.primitives.registry import local_primitive
+
+
+def lower_kernel_call(ctx, target, plan: Plan, *operands, **attrs):
+    """The FFI call of a kernel plan, for any of the package's targets; `attrs`
+    are the target's attributes besides the plan."""
+    out_aval = ctx.avals_out[0]
+    # Scratch comes from XLA as a second result, so the call stays graph-safe.
+    ws_aval = jax.core.ShapedArray((max(plan.workspace_bytes, 16),), np.uint8)
+    lowering = jax.ffi.ffi_lowering(target)
+    results = lowering(ctx.replace(avals_out=[out_aval, ws_aval]), *operands, plan=plan.ffi_attrs(), **attrs)
+    return results[:1]
+
+
+def _runs_kernel(plan: Plan) -> bool:
+    return plan.uses_kernel and _ffi.register_targets()
+
+
+# --------------------------------------------------------------------------- dense
+
+
+def _gemm_abstract_eval(a, b, *, a_major, b_major, out_dtype, plan):
+    batch, m, n, _, _ = gemm_dims(a.shape, b.shape, a_major, b_major)
+    return jax.core.ShapedArray((*batch, m, n), out_dtype)
+
+
+def xla_gemm(a, b, *, a_major, b_major, out_dtype, plan, wide=True):
+    """The portable path: XLA's own dot with the same layouts.
+
+    `wide`: accumulate into an fp32 result and cast, like the kernels. Asked
+    for bf16, XLA turns degenerate dots (K=1, M=N=1) into bf16
+    multiply-reduces that lose ~1e-2, and CPU dots may accumulate in bf16.
+    On a GPU, cuBLAS accumulates in fp32 anyway, and the fp32 result costs an
+    extra pass over D (8448^2x4096 bf16: 0.82 against 0.72 ms on the H200).
+    """
+    nb = a.ndim - 2
+    batch = tuple(range(nb))
+    contract_a = nb + 1 if a_major == "k" else nb
+    contract_b = nb + 1 if b_major == "k" else nb
+    out = lax.dot_general(
+        a,
+        b,
+        (((contract_a,), (contract_b,)), (batch, batch)),
+        preferred_element_type=jnp.float32 if wide else out_dtype,
+    )
+    return out.astype(out_dtype)
+
+
+def _gemm_cuda_lowering(ctx, a, b, *, a_major, b_major, out_dtype, plan: Plan):
+    if not _runs_kernel(plan):
+        _, m, n, k, _ = gemm_dims(ctx.avals_in[0].shape, ctx.avals_in[1].shape, a_major, b_major)
+        fallback = functools.partial(
+            xla_gemm, a_major=a_major, b_major=b_major, out_dtype=out_dtype, plan=plan, wide=min(m, n, k) <= 1
+        )
+        return mlir.lower_fun(fallback, multiple_results=False)(ctx, a, b)
+    return lower_kernel_call(ctx, FFI_TARGETS["gemm"], plan, a, b)
+
+
+gemm_local_p = local_primitive(
+    "jax_cluster_gemm_local", abstract_eval=_gemm_abstract_eval, xla_impl=xla_gemm, cuda_lowering=_gemm_cuda_lowering
+)
+
+
+# --------------------------------------------------------------------------- fused epilogue
+
+
+def _epilogue_abstract_eval(a, b, bias, c, *, b_major, out_dtype, alpha, beta, activation, plan):
+    n = b.shape[1] if b_major == "n" else b.shape[0]
+    return jax.core.ShapedArray((a.shape[0], n), out_dtype)
+
+
+def xla_epilogue(a, b, bias, c, *, b_major, out_dtype, alpha, beta, activation, plan):
+    """The portable path: the same formula on XLA's dot."""
+    z = xla_gemm(a, b, a_major="k", b_major=b_major, out_dtype=np.float32, plan=plan)
+    return apply_epilogue(z, bias, c, alpha=alpha, beta=beta, activation=activation, out_dtype=out_dtype)
+
+
+def _epilogue_cuda_lowering(ctx, a, b, bias, c, *, b_major, out_dtype, alpha, beta, activation, plan: Plan):
+    if not _runs_kernel(plan):
+        params = dict(b_major=b_major, out_dtype=out_dtype, alpha=alpha, beta=beta, activation=activation, plan=plan)
+        return mlir.lower_fun(functools.partial(xla_epilogue, **params), multiple_results=False)(ctx, a, b, bias, c)
+    return lower_kernel_call(
+        ctx,
+        FFI_TARGETS["gemm_epilogue"],
+        plan,
+        a,
+        b,
+        bias,
+        c,
+        alpha=np.float32(alpha),
+        beta=np.float32(beta),
+        activation=np.int32(ACTIVATIONS[activation]),
+    )
+
+
+epilogue_local_p = local_primitive(
+    "jax_cluster_gemm_epilogue_local",
+    abstract_eval=_epilogue_abstract_eval,
+    xla_impl=xla_epilogue,
+    cuda_lowering=_epilogue_cuda_lowering,
+)
+
+
+# --------------------------------------------------------------------------- grouped
+
+
+def clamp_group_sizes(group_sizes, rows):
+    """Sizes under the documented rule: a negative size counts as 0 and groups
+    are cut at `rows`, so group g covers [min(s_g, rows), min(s_g + size_g, rows))."""
+    if group_sizes.shape[0] == 0:
+        return group_sizes
+    sizes = jnp.clip(group_sizes, 0, rows)  # cutting each at `rows` first changes no end
+    # a running sum that saturates at `rows` never overflows int32, whatever G is
+    ends = lax.associative_scan(lambda x, y: jnp.minimum(x + y, rows), sizes)
+    return ends - jnp.concatenate([jnp.zeros((1,), ends.dtype), ends[:-1]])
+
+
+def _ragged_abstract_eval(a, b, group_sizes, *, problem, b_major, out_dtype, plan):
+    shape = ragged_out_shape(a.shape, b.shape, group_sizes.shape[0], problem, b_major)
+    return jax.core.ShapedArray(shape, out_dtype)
+
+
+def xla_ragged(a, b, group_sizes, *, problem, b_major, out_dtype, plan):
+    """The portable path: lax.ragged_dot_general on the clamped sizes."""
+    out_shape = ragged_out_shape(a.shape, b.shape, group_sizes.shape[0], problem, b_major)
+    if group_sizes.shape[0] == 0:  # no groups: every row is past the last one
+        return jnp.zeros(out_shape, out_dtype)
+    sizes = clamp_group_sizes(group_sizes, a.shape[0])
+    if problem == "ragged_m":
+        contract_b = 1 if b_major == "n" else 2
+        dims = lax.RaggedDotDimensionNumbers(
+            (((1,), (contract_b,)), ((), ())), lhs_ragged_dimensions=[0], rhs_group_dimensions=[0]
+        )
+    else:  # the rows are the contraction: a ragged contracting dimension
+        dims = lax.RaggedDotDimensionNumbers(
+            (((0,), (0,)), ((), ())), lhs_ragged_dimensions=[0], rhs_group_dimensions=[]
+        )
+    # fp32 accumulation like the kernels
+    out = lax.ragged_dot_general(a, b, sizes, dims, preferred_element_type=jnp.float32)
+    return out.astype(out_dtype)
+
+
+def _ragged_cuda_lowering(ctx, a, b, group_sizes, *, problem, b_major, out_dtype, plan: Plan):
+    if not _runs_kernel(plan):
+        fallback = functools.partial(xla_ragged, problem=problem, b_major=b_major, out_dtype=out_dtype, plan=plan)
+        return mlir.lower_fun(fallback, multiple_results=False)(ctx, a, b, group_sizes)
+    # the raw sizes go to the kernel, which applies the same clamping rule itself
+    return lower_kernel_call(ctx, FFI_TARGETS["ragged_dot"], plan, a, b, group_sizes)
+
+
+ragged_local_p = local_primitive(
+    "jax_cluster_ragged_dot_local",
+    abstract_eval=_ragged_abstract_eval,
+    xla_impl=xla_ragged,
+    cuda_lowering=_ragged_cuda_lowering,
+)

@@ -1,0 +1,52 @@
+"""Operand rules the primitives share: dtypes, the GEMM view of the operand
+shapes, and the cotangent dtype of the backward products."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
+# B's major in the other product of a transpose: [K,N] read as [N,K] and back.
+FLIP_B = {"k": "n", "n": "k"}
+
+
+def check_dtypes(who, out_dtype, **operands):
+    """The dtype rules of the kernels' primitives: two operands by their labels."""
+    for name, x in operands.items():
+        if not any(x.dtype == np.dtype(t) for t in SUPPORTED_DTYPES):
+            raise TypeError(f"{who}: unsupported dtype {x.dtype} for {name}; use bfloat16, float16 or float32")
+    (na, a), (nb, b) = operands.items()
+    if a.dtype != b.dtype:
+        raise TypeError(f"{who}: {na} and {nb} dtypes differ ({a.dtype} vs {b.dtype})")
+    if not any(np.dtype(out_dtype) == np.dtype(t) for t in SUPPORTED_DTYPES):
+        raise TypeError(f"{who}: unsupported output dtype {np.dtype(out_dtype)}")
+
+
+def gemm_dims(a_shape, b_shape, a_major, b_major):
+    """(batch, M, N, K of A, K of B) read from the operand shapes."""
+    a0, a1 = a_shape[-2:]
+    b0, b1 = b_shape[-2:]
+    m, ka = (a0, a1) if a_major == "k" else (a1, a0)
+    n, kb = (b0, b1) if b_major == "k" else (b1, b0)
+    return a_shape[:-2], m, n, ka, kb
+
+
+def gemm_view(a_shape, b_shape, problem, b_major, blocks=1) -> tuple[int, int, int]:
+    """(m, n, k) of one row block of a grouped problem, as the planner and the kernel see it."""
+    rows = a_shape[0] // blocks
+    if problem == "ragged_k":
+        return a_shape[1], b_shape[1], rows
+    n, k = (b_shape[2], b_shape[1]) if b_major == "n" else (b_shape[1], b_shape[2])
+    return rows, n, k
+
+
+def ragged_out_shape(a_shape, b_shape, groups, problem, b_major):
+    if problem == "ragged_k":
+        return groups, a_shape[1], b_shape[1]
+    return a_shape[0], (b_shape[2] if b_major == "n" else b_shape[1])
+
+
+def ct_as(ct, like):
+    """Cotangent in the operand dtype: the kernels take one input dtype."""
+    return ct.astype(like.aval.dtype)

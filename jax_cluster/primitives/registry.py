@@ -1,0 +1,66 @@
+"""How every primitive of the package is put together, in one place.
+
+An op has two primitives. The outer one carries the rules users see (shape
+and dtype checks, autodiff, vmap) and lowers through custom_partitioning, so
+a sharded call runs one planned kernel per shard. The local one is what each
+shard binds: the FFI call of its plan on CUDA, XLA's own ops elsewhere.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+
+
+def partitioned_primitive(
+    name: str, *, static: tuple[str, ...], abstract_eval, whole, partition, sharding_rule, batch_rule=None
+) -> Primitive:
+    """The outer primitive of an op.
+
+    `static` names its parameters, in the order `whole(*operands, *static)`,
+    `partition(*static, mesh, arg_shapes, result_shape)` and
+    `sharding_rule(*static, mesh, operand_types, result_types)` take them.
+    """
+    primitive = Primitive(name)
+    primitive.def_impl(
+        functools.partial(jax.jit, static_argnames=static)(lambda *args, **params: primitive.bind(*args, **params))
+    )
+    primitive.def_abstract_eval(abstract_eval)
+    sharded = None
+
+    def lowering(ctx, *args, **params):
+        nonlocal sharded
+        if sharded is None:  # the static arguments follow the operands
+            sharded = custom_partitioning(whole, static_argnums=tuple(range(len(args), len(args) + len(static))))
+            sharded.def_partition(partition=partition, sharding_rule=sharding_rule)
+        values = tuple(params[p] for p in static)
+        return mlir.lower_fun(lambda *xs: sharded(*xs, *values), multiple_results=False)(ctx, *args)
+
+    mlir.register_lowering(primitive, lowering)
+    _needs_devices_at_lowering(primitive)
+    if batch_rule is not None:
+        batching.primitive_batchers[primitive] = batch_rule
+    return primitive
+
+
+def local_primitive(name: str, *, abstract_eval, xla_impl, cuda_lowering) -> Primitive:
+    """The one-device primitive of an op: `cuda_lowering` on CUDA, `xla_impl`
+    (jnp code with the same parameters) everywhere else."""
+    primitive = Primitive(name)
+    primitive.def_abstract_eval(abstract_eval)
+    mlir.register_lowering(primitive, mlir.lower_fun(xla_impl, multiple_results=False))
+    mlir.register_lowering(primitive, cuda_lowering, platform="cuda")
+    return primitive
+
+
+def _needs_devices_at_lowering(primitive: Primitive) -> None:
+    """custom_partitioning's lowering needs the device assignment, which jit
+    hands only to primitives in this set. JAX has no public API for it; its
+    own cuDNN wrappers register the same way."""
+    from jax._src import dispatch
+
+    dispatch.prim_requires_devices_during_lowering.add(primitive)

@@ -1,0 +1,1 @@
+"""Command-line tools built on the library; the library imports nothing from here."""

@@ -1,0 +1,3 @@
+"""The package version, in one place (pyproject.toml's must match)."""
+
+VERSION = "0.1.0"

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The GPU check: build with 16 jobs, then the steps in $STEPS (default:
+# tests bench grid). Logs, JSON and plots are written to $LOGS and packed into
+# $RESULTS/logs.tgz after every step and every 30 s, so a run cut off by a
+# time limit still leaves what finished; $RESULTS also gets prebuilt/_ext*.so.
+# Steps: tests checks selftest sharding lgemms bench grid planner sched walk layers ragged train
+# fallback pytest (pytest: the tests named by $PYTEST_ARGS).
+# Offline machines: put the nvidia-cutlass (and absl-py) wheels in .whl/ first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+RESULTS=${RESULTS:-/tmp/jax_cluster_out}
+LOGS=${LOGS:-/tmp/jax_cluster_logs}
+mkdir -p "$RESULTS" "$LOGS"
+pack() {
+  local part="$RESULTS/logs.tgz.$BASHPID"
+  tar czf "$part" -C "$LOGS" . 2>/dev/null && mv "$part" "$RESULTS/logs.tgz"
+}
+# every 30 s too: a step cut off by the call's time limit keeps its log so far
+( while sleep 30; do pack; done ) &
+PACKER=$!
+trap 'kill $PACKER 2>/dev/null; wait $PACKER 2>/dev/null; pack' EXIT
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
+step() { echo "== $(date +%T) $*"; }
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+nvidia-smi >"$LOGS/nvidia-smi.txt" 2>&1
+
+# PREBUILT=DIR reuses an extension an earlier run built on this kind of
+# machine (saved by that run in $RESULTS/prebuilt): the sources must not have
+# changed in cc/ or jax_cluster/planning/*.json since. It saves the build's minutes.
+if [ -n "${PREBUILT:-}" ]; then
+  step "prebuilt extension from $PREBUILT"
+  cp "$PREBUILT"/_ext*.so jax_cluster/ && export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} || exit 1
+else
+  step build
+  # Only the arch of the GPU at hand by default (ARCHS="sm90a;sm100a" for both): CI
+  # builds and SASS-checks sm100a, and skipping it here saves GPU minutes.
+  # VARIANTS=REGEX builds only the matching menu rows, for a quick measurement.
+  # One row per unit: 16 cores finish 29 units sooner than 8 bigger ones.
+  if ! "$PY" -m pip install -v --no-build-isolation --no-deps -C cmake.define.JAX_CLUSTER_CUDA=ON \
+      -C "cmake.define.JAX_CLUSTER_ARCHS=${ARCHS:-sm90a}" \
+      -C "cmake.define.JAX_CLUSTER_VARIANTS=${VARIANTS:-}" \
+      -C "cmake.define.JAX_CLUSTER_UNIT_SIZE=${UNIT_SIZE:-1}" \
+      -C build-dir=/tmp/jax_cluster_build . >"$LOGS/build.log" 2>&1; then
+    tail -50 "$LOGS/build.log"; pack; exit 1
+  fi
+  grep -E "warning C7510|spill" "$LOGS/build.log" | head -5
+  mkdir -p "$RESULTS/prebuilt" && cp /tmp/jax_cluster_build/_ext*.so "$RESULTS/prebuilt/"
+fi
+(cd /tmp && "$PY" -c 'import jax_cluster; print(jax_cluster.info())') | tee "$LOGS/info.txt"
+pack
+
+PYTEST=$(dirname "$(command -v "$PY")")/pytest
+for part in ${STEPS:-tests bench grid}; do
+  case $part in
+    tests) step "tests (all but the size grid)"
+           "$PYTEST" -q -rs -p no:cacheprovider -k "not size_grid" tests 2>&1 | tee "$LOGS/tests.log" | tail -25 ;;
+    checks) step "self-test and the GPU test files, side by side (both are compile-bound)"
+           export XLA_PYTHON_CLIENT_PREALLOCATE=false
+           (cd /tmp && XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" \
+              "$PY" -m jax_cluster.selftest ${SELFTEST_ARGS:-}) >"$LOGS/selftest.log" 2>&1 &
+           "$PYTEST" -q -rs -p no:cacheprovider -k "not size_grid" tests/gpu \
+              tests/cpu/test_nn.py tests/cpu/test_linear.py tests/cpu/test_ragged_dot.py \
+              tests/cpu/test_autotune.py >"$LOGS/gputests.log" 2>&1
+           wait
+           tail -n 15 "$LOGS/gputests.log"; tail -n 5 "$LOGS/selftest.log"
+           unset XLA_PYTHON_CLIENT_PREALLOCATE ;;
+    sharding) step "partitioning on every GPU of this machine (test_gpu_sharding needs two)"
+           "$PYTEST" -q -rs -p no:cacheprovider tests/gpu/test_gpu_sharding.py 2>&1 | tee "$LOGS/sharding.log" | tail -15 ;;
+    bench) step benchmark
+           "$PY" benchmarks/bench_matmul.py --out "$LOGS" ${BENCH_ARGS:-} 2>&1 | tee "$LOGS/bench.log" ;;
+    selftest) step "self-test (every compiled variant)"  # its reference dots need no autotuning
+           (cd /tmp && XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" \
+              "$PY" -m jax_cluster.selftest ${SELFTEST_ARGS:-}) 2>&1 | tee "$LOGS/selftest.log" | tail -60 ;;
+    fallback) step "jax_cluster's XLA fallback against jnp.dot"
+           "$PY" benchmarks/bench_fallback.py --out "$LOGS" 2>&1 | tee "$LOGS/fallback.log" ;;
+    pytest) step "pytest $PYTEST_ARGS"
+           "$PYTEST" -q -rs -p no:cacheprovider $PYTEST_ARGS 2>&1 | tee "$LOGS/pytest.log" | tail -15 ;;
+    planner) step "planner vs exhaustive timing"
+           "$PY" benchmarks/bench_planner.py --out "$LOGS" 2>&1 | tee "$LOGS/planner.log" | tail -25 ;;
+    walk)  step "work-queue walk: raster x band width, pinned, interleaved rounds"
+           "$PY" benchmarks/bench_walk.py --out "$LOGS" 2>&1 | tee "$LOGS/walk.log" ;;
+    sched) step "schedules at boundary tile counts"
+           "$PY" benchmarks/bench_schedules.py --out "$LOGS" 2>&1 | tee "$LOGS/sched.log" ;;
+    layers) step "Flax layers against Flax's own (forward + backward)"
+           "$PY" benchmarks/bench_layers.py --out "$LOGS" ${LAYERS_ARGS:-} 2>&1 | tee "$LOGS/layers.log" ;;
+    lgemms) step "the three GEMMs of a Linear step, each against XLA"
+           "$PY" benchmarks/bench_linear_gemms.py --out "$LOGS" ${LGEMMS_ARGS:-} 2>&1 | tee "$LOGS/lgemms.log" ;;
+    ragged) step "ragged_dot benchmark"
+           "$PY" benchmarks/bench_ragged.py --out "$LOGS" ${RAGGED_ARGS:-} 2>&1 | tee "$LOGS/ragged.log" ;;
+    train) step "examples: train_block (jax_cluster vs flax) and expert_parallel"
+           { "$PY" examples/train_block.py --out "$LOGS" && "$PY" examples/expert_parallel.py --dtype bfloat16; } \
+             2>&1 | tee "$LOGS/train.log" ;;
+    grid)  step "size grid"  # autotuning the reference dots would dominate its compile time
+           XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" "$PYTEST" -q -rs -s -p no:cacheprovider -k size_grid tests 2>&1 | tee "$LOGS/grid.log" | tail -25 ;;
+  esac
+  pack
+done
+step done

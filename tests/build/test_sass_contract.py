@@ -1,0 +1,136 @@
+"""The machine code contract of every compiled variant, read from the built
+extension: each generated instantiation carries a marker symbol naming its
+menu row, so each embedded cubin is matched to the rows compiled into it. A
+cubin holds the rows of one build unit (cc/gen_variants.py), which share one
+contract, so every GEMM kernel in it must satisfy that contract."""
+import re
+import subprocess
+
+import pytest
+
+from jax_cluster import _ffi
+from jax_cluster.planning import tables
+import sass
+
+pytestmark = [pytest.mark.skipif(not _ffi.with_kernels(), reason="built without kernels"),
+              pytest.mark.skipif(sass.cuobjdump() is None, reason="cuobjdump not installed")]
+
+MARKER = re.compile(r"jax_cluster_variant_(\w+)")
+FUNCTION = re.compile(r"^\s*Function : (\S+)\s*$", re.MULTILINE)
+GEMM_KERNEL = "_ZN7cutlass13device_kernel"  # the ragged rows' helper kernels are not GEMMs
+WORK_QUEUE_FETCH = r"\bATOMG\.E\.ADD\.STRONG\.GPU\b"  # integer add that returns the old value
+CLUSTER_BROADCAST = r"\bSTAS\b"
+# fence.proxy.tensormap acquire: a grouped kernel rewrites its TMA descriptors per group
+DESCRIPTOR_ACQUIRE = r"\bUTMACCTL\.IV\b"
+
+
+def required(v: tables.Variant) -> dict[str, str]:
+    """Instruction (regex) -> why the variant must contain it."""
+    need = {}
+    if v.problem != "dense":
+        need[DESCRIPTOR_ACQUIRE] = "per-group TMA descriptor acquire (tensormap fence)"
+    if v.arch == "sm90a":
+        need[r"\bHGMMA\."] = "wgmma (warpgroup MMA)"
+        if v.cluster_size > 1:
+            need[r"\bUTMALDG\.[\w.]*MULTICAST"] = "multicast TMA load across the cluster"
+        if "dynamic" in v.schedules:
+            need[WORK_QUEUE_FETCH] = "work-queue fetch (global atomic add)"
+            if v.cluster_size > 1:
+                need[CLUSTER_BROADCAST] = "tile broadcast to the cluster (st.async)"
+    else:
+        need[r"\bUTC\w*MMA\b"] = "tcgen05 UMMA"
+        if v.mma == "2cta":
+            need[r"\bUTC\w*MMA\.2CTA"] = "2-CTA UMMA (cta_group::2)"
+            need[r"\bUTMALDG\.[\w.]*2CTA"] = "2-SM TMA load"
+        if v.kind.endswith("clc"):
+            need[r"\bUGETNEXTWORKID"] = "Cluster Launch Control work fetch"
+    return need
+
+
+def forbidden(v: tables.Variant) -> dict[str, str]:
+    """Instructions a variant must not contain: they would mean the marker
+    matched the wrong cubin, or the kernel is not the kind its row says."""
+    out = {}
+    if "dynamic" not in v.schedules:  # static, stream-K and CLC kernels have no work queue
+        out[WORK_QUEUE_FETCH] = "work-queue fetch (global atomic add) in a kernel without a queue"
+    if v.arch != "sm100a":
+        out[r"\bUTC\w*MMA\b"] = "tcgen05 in an sm90 kernel"
+        if "dynamic" not in v.schedules:
+            out[CLUSTER_BROADCAST] = "work-queue broadcast in a statically scheduled kernel"
+        return out
+    if v.mma == "1cta":
+        out[r"\bUTC\w*MMA\.2CTA"] = "2-CTA UMMA in a 1-CTA variant"
+    if not v.kind.endswith("clc"):
+        out[r"\bUGETNEXTWORKID"] = "CLC work fetch in a static variant"
+    return out
+
+
+def gemm_kernels(sass_text: str) -> list[str]:
+    """The SASS of each GEMM kernel function in one cubin's dump."""
+    parts = FUNCTION.split(sass_text)
+    return [body for name, body in zip(parts[1::2], parts[2::2]) if name.startswith(GEMM_KERNEL)]
+
+
+@pytest.fixture(scope="module")
+def sass_by_variant(tmp_path_factory):
+    """Variant name -> the SASS of every GEMM kernel in the cubin it was built into."""
+    out = tmp_path_factory.mktemp("cubins")
+    subprocess.run([sass.cuobjdump(), "-xelf", "all", str(sass.extension_path())], cwd=out,
+                   check=True, capture_output=True)
+    menu = {v.name: v for v in tables.load_menu()}
+    found = {}
+    for cubin in sorted(out.glob("*.cubin")):
+        names = sorted(set(MARKER.findall(sass.run_on(cubin, "-elf"))))
+        if not names:
+            continue
+        kernels = gemm_kernels(sass.run_on(cubin, "--dump-sass"))
+        assert len(kernels) == len(names), (cubin.name, names, len(kernels))
+        contracts = {(tuple(sorted(required(menu[n]))), tuple(sorted(forbidden(menu[n]))))
+                     for n in names}
+        assert len(contracts) == 1, f"{cubin.name} mixes rows of different contracts: {names}"
+        found.update(dict.fromkeys(names, kernels))
+    return found
+
+
+def test_every_compiled_variant_has_its_cubin(sass_by_variant):
+    assert set(sass_by_variant) == set(_ffi.compiled_variant_names())
+
+
+@pytest.mark.parametrize("v", tables.load_menu(), ids=lambda v: v.name)
+def test_variant_contains_its_instructions(v, sass_by_variant):
+    if v.name not in _ffi.compiled_variant_names():
+        pytest.skip(f"{v.arch} not built")
+    for text in sass_by_variant[v.name]:
+        missing = [f"{why} ({pattern})" for pattern, why in required(v).items()
+                   if not re.search(pattern, text)]
+        assert not missing, f"a kernel built with {v.name} lacks: " + "; ".join(missing)
+        wrong = [f"{why} ({pattern})" for pattern, why in forbidden(v).items()
+                 if re.search(pattern, text)]
+        assert not wrong, f"a kernel built with {v.name} contains: " + "; ".join(wrong)
+
+
+@pytest.mark.parametrize("v", [v for v in tables.load_menu() if v.family == "sm100_grouped_gemm"],
+                         ids=lambda v: v.name)
+def test_clc_grouped_rows_check_pair_clc_and_descriptors(v):
+    """The rules above give every sm100 grouped row the whole contract of its design."""
+    need, never = required(v), forbidden(v)
+    for pattern in (r"\bUTC\w*MMA\.2CTA", r"\bUTMALDG\.[\w.]*2CTA", r"\bUGETNEXTWORKID",
+                    DESCRIPTOR_ACQUIRE):
+        assert pattern in need, f"{v.name}: {pattern} not required"
+    assert WORK_QUEUE_FETCH in never, f"{v.name}: the work-queue atomic is not forbidden"
+
+
+# The fused epilogue's run-time activation must branch once per subtile: a
+# switch per value (128 jump tables in an sm90 row) made the kernel 2.2x
+# slower, measured on an H200 on 2026-11-30 (docs/perf_notes.md). The rows
+# built since have 8 (sm90) and 5 (sm100).
+MAX_ACTIVATION_JUMP_TABLES = 16
+
+
+@pytest.mark.parametrize("v", [v for v in tables.load_menu() if v.epilogue == "bias_act"],
+                         ids=lambda v: v.name)
+def test_fused_activation_branches_once_per_subtile(v, sass_by_variant):
+    if v.name not in _ffi.compiled_variant_names():
+        pytest.skip(f"{v.arch} not built")
+    tables = max(len(re.findall(r"\bBRX\b", text)) for text in sass_by_variant[v.name])
+    assert tables <= MAX_ACTIVATION_JUMP_TABLES, f"{v.name}'s unit: {tables} indirect branches (BRX)"

@@ -1,0 +1,53 @@
+"""The examples run, briefly, and agree with their references (CPU: the fallback)."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+
+
+def run_example(name, *args):
+    pytest.importorskip("flax")
+    pytest.importorskip("optax")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args], env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_train_block_curves_agree():
+    run = run_example("train_block.py", "--steps", "6")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "max |loss difference|" in run.stdout and "step time" in run.stdout
+
+
+def test_train_block_writes_its_record(tmp_path):
+    run = run_example("train_block.py", "--steps", "4", "--out", str(tmp_path))
+    assert run.returncode == 0, run.stdout + run.stderr
+    record = json.loads((tmp_path / "train_block_bfloat16.json").read_text())
+    assert len(record["loss"]["jax_cluster"]) == len(record["loss"]["flax"]) == 4
+    assert set(record["step_ms"]) == {"jax_cluster", "flax"}
+    assert record["max_difference_of_first_loss"] <= record["tolerance"]
+
+
+def test_train_block_measures_curves_against_the_first_loss():
+    pytest.importorskip("flax")
+    pytest.importorskip("optax")
+    spec = importlib.util.spec_from_file_location("train_block", EXAMPLES / "train_block.py")
+    train_block = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_block)
+    assert train_block.curve_difference([4.0, 2.0, 1.0], [4.0, 2.2, 1.0]) == pytest.approx(0.05)
+    with pytest.raises(ValueError, match="cannot be compared"):
+        train_block.curve_difference([1.0], [1.0, 2.0])
+
+
+def test_expert_parallel_matches_dense_reference():
+    run = run_example("expert_parallel.py")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "8 devices" in run.stdout

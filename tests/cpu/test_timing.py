@@ -1,0 +1,48 @@
+"""The CUPTI timing helper's arithmetic, on recorded kernel runs (no GPU)."""
+
+import pytest
+
+from jax_cluster.tuning import timing as _timing
+
+
+def test_kernel_listing_adds_up_to_the_timed_call(monkeypatch):
+    profiler = pytest.importorskip("jax.experimental.mosaic.gpu.profiler")
+    # three timed iterations of a program over two input sets: "gemm" runs twice per set
+    runs = [
+        [("gemm", 1.0), ("gemm", 2.0), ("fusion", 0.5), ("gemm", 1.0), ("gemm", 2.0), ("fusion", 0.5)],
+        [("gemm", 1.2), ("gemm", 2.2), ("fusion", 0.4), ("gemm", 1.2), ("gemm", 2.2), ("fusion", 0.4)],
+        [("gemm", 0.8), ("gemm", 1.8), ("fusion", 0.6), ("gemm", 0.8), ("gemm", 1.8), ("fusion", 0.6)],
+    ]
+    seen = {}
+
+    def measure(fn, *, aggregate, iterations):
+        seen.update(aggregate=aggregate, iterations=iterations)
+        return lambda args_list: (None, runs)
+
+    monkeypatch.setattr(profiler, "measure", measure)
+    monkeypatch.setattr(_timing, "_warm", lambda *a: None)
+    call_ms, kernels = _timing.cupti_kernels(lambda x: x, [(1,), (2,)], iterations=3)
+    assert seen == dict(aggregate=False, iterations=3)
+    # per-iteration sums 7.0, 7.6, 6.4 -> median 7.0 over 2 sets
+    assert call_ms == pytest.approx(3.5)
+    assert kernels == [("gemm", pytest.approx(3.0)), ("fusion", pytest.approx(0.5))]
+    assert _timing.cupti_ms(lambda x: x, [(1,), (2,)], iterations=3) == pytest.approx(3.5)
+
+
+def test_no_kernels_is_an_error(monkeypatch):
+    profiler = pytest.importorskip("jax.experimental.mosaic.gpu.profiler")
+    monkeypatch.setattr(profiler, "measure", lambda fn, **kw: lambda args_list: (None, None))
+    monkeypatch.setattr(_timing, "_warm", lambda *a: None)
+    with pytest.raises(RuntimeError, match="no kernel launches"):
+        _timing.cupti_kernels(lambda x: x, [(1,)], iterations=2)
+
+
+def test_span_is_per_call_over_one_sync(monkeypatch):
+    """span_ms warms once, then times `calls` rotated calls with one sync:
+    10 calls of 2 sets that take 40 clock seconds are 2 s per call."""
+    import jax.numpy as jnp
+
+    clock = iter([100.0, 140.0])
+    monkeypatch.setattr(_timing.time, "perf_counter", lambda: next(clock))
+    x = jnp.ones(4)
+    assert _timing.span_ms(lambda v: v + 1, [(x,), (x,)], calls=10) == pytest.approx(2000.0)
