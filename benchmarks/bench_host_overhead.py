@@ -8,6 +8,7 @@ XLA_FLAGS=--xla_gpu_enable_command_buffer= to see XLA's command buffers' share.
 
     python benchmarks/bench_host_overhead.py --out benchmarks/results/h200
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,9 +23,11 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import common  # noqa: E402
-from jax_cluster import _timing, tuning  # noqa: E402
-from jax_cluster.plan import plan_gemm  # noqa: E402
-from jax_cluster.primitives import gemm  # noqa: E402
+
+from jax_cluster.planning.dense import plan_gemm  # noqa: E402
+from jax_cluster.primitives.gemm import gemm  # noqa: E402
+from jax_cluster.tuning import timing  # noqa: E402
+from jax_cluster.tuning.accuracy import relative_error  # noqa: E402
 
 SIZES = (1024, 2048)
 
@@ -34,47 +37,48 @@ def chain(mm, length):
         for _ in range(length):
             a = mm(a, b)
         return a
+
     return jax.jit(run)
 
 
 def measure(n, length, rounds):
     ka, kb = jax.random.split(jax.random.key(n))
     # scaled so a chain of products stays O(1)
-    a = (jax.random.normal(ka, (n, n), jnp.float32) / n ** 0.5).astype(jnp.bfloat16)
-    b = (jax.random.normal(kb, (n, n), jnp.float32) / n ** 0.5).astype(jnp.bfloat16)
+    a = (jax.random.normal(ka, (n, n), jnp.float32) / n**0.5).astype(jnp.bfloat16)
+    b = (jax.random.normal(kb, (n, n), jnp.float32) / n**0.5).astype(jnp.bfloat16)
     plan = plan_gemm(n, n, n, dtype=jnp.bfloat16, a_major="k", b_major="n")
-    sides = {"jax_cluster": lambda x, y: gemm(x, y, a_major="k", b_major="n"),
-             "xla": lambda x, y: x @ y}
+    sides = {"jax_cluster": lambda x, y: gemm(x, y, a_major="k", b_major="n"), "xla": lambda x, y: x @ y}
     row = {"size": n, "chain": length, "jax_cluster_runs": plan.variant if plan.uses_kernel else "XLA"}
     fns = {side: chain(mm, length) for side, mm in sides.items()}
     got, want = (jnp.asarray(fns[side](a, b), jnp.float32) for side in ("jax_cluster", "xla"))
-    row["rel_err_vs_xla"] = float(tuning._relative_error(got, want))
+    row["rel_err_vs_xla"] = float(relative_error(got, want))
     if not math.isfinite(row["rel_err_vs_xla"]):
         raise RuntimeError(f"{n}^3: jax_cluster's chain produced non-finite values")
     walls = {side: [] for side in sides}
     for r in range(rounds):  # interleaved
-        for side in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
-            walls[side].append(_timing.span_ms(fns[side], [(a, b)], calls=50) * 1e3 / length)
+        for side in list(sides) if r % 2 == 0 else list(sides)[::-1]:
+            walls[side].append(timing.span_ms(fns[side], [(a, b)], calls=50) * 1e3 / length)
     for side, fn in fns.items():
         try:
-            device = _timing.cupti_ms(lambda x, y, fn=fn: fn(x, y), [(a, b)], 10) * 1e3 / length
+            device = timing.cupti_ms(lambda x, y, fn=fn: fn(x, y), [(a, b)], 10) * 1e3 / length
         except Exception:  # no CUPTI: the wall time stands alone
             device = None
-        row[side] = {"wall_us": statistics.median(walls[side]), "rounds_us": walls[side],
-                     "device_us": device}
+        row[side] = {"wall_us": statistics.median(walls[side]), "rounds_us": walls[side], "device_us": device}
     return row
 
 
 def plot(payload, path):
     rows = payload["rows"]
-    common.plot_pairs(path, [f"{r['size']}^3 ({r['jax_cluster_runs'].split('bf16_bf16_')[-1]})"
-                             for r in rows],
-                      [r["xla"]["wall_us"] for r in rows],
-                      [r["jax_cluster"]["wall_us"] for r in rows], baseline_label="XLA dot",
-                      ratios=[r["jax_cluster"]["wall_us"] / r["xla"]["wall_us"] for r in rows],
-                      ylabel="wall us per GEMM (lower is better)",
-                      title=f"Host cost per GEMM call, {payload['device']}, "
-                            f"XLA_FLAGS={payload['xla_flags'] or '(none)'}")
+    common.plot_pairs(
+        path,
+        [f"{r['size']}^3 ({r['jax_cluster_runs'].split('bf16_bf16_')[-1]})" for r in rows],
+        [r["xla"]["wall_us"] for r in rows],
+        [r["jax_cluster"]["wall_us"] for r in rows],
+        baseline_label="XLA dot",
+        ratios=[r["jax_cluster"]["wall_us"] / r["xla"]["wall_us"] for r in rows],
+        ylabel="wall us per GEMM (lower is better)",
+        title=f"Host cost per GEMM call, {payload['device']}, XLA_FLAGS={payload['xla_flags'] or '(none)'}",
+    )
 
 
 def main():
@@ -85,21 +89,29 @@ def main():
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
     args = parser.parse_args()
     flags = os.environ.get("XLA_FLAGS", "").strip()
-    payload = {"device": common.device_name(), "jax_version": jax.__version__, "xla_flags": flags,
-               "notes": ["wall_us: median over interleaved rounds of 50 back-to-back calls of a "
-                         "jit holding a chain of GEMMs, synced once, per GEMM",
-                         "device_us: CUPTI kernel time per GEMM"], "rows": []}
+    payload = {
+        "device": common.device_name(),
+        "jax_version": jax.__version__,
+        "xla_flags": flags,
+        "notes": [
+            "wall_us: median over interleaved rounds of 50 back-to-back calls of a "
+            "jit holding a chain of GEMMs, synced once, per GEMM",
+            "device_us: CUPTI kernel time per GEMM",
+        ],
+        "rows": [],
+    }
     for n in map(int, args.sizes.split(",")):
         row = measure(n, args.chain, args.rounds)
         payload["rows"].append(row)
         ours, xla = row["jax_cluster"], row["xla"]
-        print(f"{n}^3 bf16 ({row['jax_cluster_runs']}): jax_cluster wall {ours['wall_us']:.2f} us "
-              f"(device {ours['device_us']}) | XLA wall {xla['wall_us']:.2f} us "
-              f"(device {xla['device_us']}); chain's rel err vs XLA {row['rel_err_vs_xla']:.1e}",
-              flush=True)
+        print(
+            f"{n}^3 bf16 ({row['jax_cluster_runs']}): jax_cluster wall {ours['wall_us']:.2f} us "
+            f"(device {ours['device_us']}) | XLA wall {xla['wall_us']:.2f} us "
+            f"(device {xla['device_us']}); chain's rel err vs XLA {row['rel_err_vs_xla']:.1e}",
+            flush=True,
+        )
     if args.out:
-        common.write_results(args.out, common.results_stem("host_overhead_bf16", flags), payload,
-                             plot)
+        common.write_results(args.out, common.results_stem("host_overhead_bf16", flags), payload, plot)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ jitted call:
     d_rhs  drhs[G,K,N] = lhs_g^T · dy_g        one matrix per group
 
 FLOPs are 2·sum(group_sizes)·K·N for every product. JAX contenders are timed
-by CUPTI kernel time (`common.device_ms`, inputs rotated past L2); torch by
+by CUPTI kernel time (`jax_cluster.tuning.timing.cupti_ms`, inputs rotated past L2); torch by
 CUDA events around its calls (see `torch_event_ms`). Every output is checked
 against XLA's (in float32) before it is timed. Prints a table; writes JSON and
 a PNG under benchmarks/results/<gpu>/ (after every case, so a cut-short run
@@ -23,13 +23,13 @@ keeps what it measured).
     python benchmarks/bench_ragged.py --dry-run       # cases and group sizes only, no GPU
     python benchmarks/bench_ragged.py --cases 4096x128x2048x768 --merge   # add to earlier rows
 """
+
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import functools
 import json
-import math
 import pathlib
 import re
 import statistics
@@ -44,23 +44,35 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 # An installed jax_cluster wins; a bare checkout falls back to its own source.
 sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))
 import common  # noqa: E402
+
 import jax_cluster  # noqa: E402
+from jax_cluster.tuning import timing  # noqa: E402
+from jax_cluster.tuning.accuracy import relative_error  # noqa: E402
 
 # (M tokens, G groups, K, N)
-SUITE = [(16384, 8, 4096, 14336), (32768, 64, 2048, 1408), (4096, 128, 2048, 768),
-         (16384, 16, 2048, 16384), (65536, 256, 2048, 512)]
+SUITE = [
+    (16384, 8, 4096, 14336),
+    (32768, 64, 2048, 1408),
+    (4096, 128, 2048, 768),
+    (16384, 16, 2048, 16384),
+    (65536, 256, 2048, 512),
+]
 DISTRIBUTIONS = ("uniform", "skewed")
 PRODUCTS = ("fwd", "d_lhs", "d_rhs")
 CONTENDERS = ("xla", "mgpu", "torch", "jax_cluster")
-OTHERS = ("xla", "mgpu", "torch")          # what jax_cluster is compared against
-LABELS = {"xla": "XLA ragged_dot", "mgpu": "Pallas MGPU (best cfg)",
-          "torch": "torch._grouped_mm", "jax_cluster": "jax_cluster"}
+OTHERS = ("xla", "mgpu", "torch")  # what jax_cluster is compared against
+LABELS = {
+    "xla": "XLA ragged_dot",
+    "mgpu": "Pallas MGPU (best cfg)",
+    "torch": "torch._grouped_mm",
+    "jax_cluster": "jax_cluster",
+}
 STEM = "ragged_bf16"
 SKEW_ALPHA = 0.5
-SKEW_SEED = 1234                           # one fixed draw per (M, G), reproducible
+SKEW_SEED = 1234  # one fixed draw per (M, G), reproducible
 MAX_REL_ERR = 2e-2
-TARGET_VS_XLA = 10.0                       # on every case
-TORCH_SPIN_CYCLES = 20_000_000             # ~10 ms of GPU clock, ahead of each torch sample
+TARGET_VS_XLA = 10.0  # on every case
+TORCH_SPIN_CYCLES = 20_000_000  # ~10 ms of GPU clock, ahead of each torch sample
 DTYPE = jnp.bfloat16
 
 # Pallas MGPU tile sweeps (block_m, block_n, block_k, max_concurrent_steps,
@@ -68,15 +80,30 @@ DTYPE = jnp.bfloat16
 # transpose_rhs=True, d_lhs; `transposed_ragged_dot` runs d_rhs, where block_k
 # tiles the ragged (token) dimension.
 MGPU_FIELDS = ("block_m", "block_n", "block_k", "max_concurrent_steps", "grid_block_n")
-MGPU_RAGGED_CONFIGS = [(128, 128, 64, 4, 1), (128, 128, 64, 4, 4), (128, 128, 64, 6, 8),
-                       (64, 128, 64, 6, 4), (64, 256, 64, 4, 4), (128, 128, 128, 2, 4),
-                       (192, 128, 64, 4, 4), (128, 64, 64, 6, 4)]
-MGPU_TRANSPOSED_CONFIGS = [(128, 128, 64, 4, 1), (128, 128, 64, 4, 4), (128, 128, 64, 6, 8),
-                           (128, 128, 128, 2, 4), (64, 128, 64, 6, 4), (128, 64, 64, 6, 4),
-                           (64, 64, 128, 4, 4), (128, 128, 128, 3, 1)]
+MGPU_RAGGED_CONFIGS = [
+    (128, 128, 64, 4, 1),
+    (128, 128, 64, 4, 4),
+    (128, 128, 64, 6, 8),
+    (64, 128, 64, 6, 4),
+    (64, 256, 64, 4, 4),
+    (128, 128, 128, 2, 4),
+    (192, 128, 64, 4, 4),
+    (128, 64, 64, 6, 4),
+]
+MGPU_TRANSPOSED_CONFIGS = [
+    (128, 128, 64, 4, 1),
+    (128, 128, 64, 4, 4),
+    (128, 128, 64, 6, 8),
+    (128, 128, 128, 2, 4),
+    (64, 128, 64, 6, 4),
+    (128, 64, 64, 6, 4),
+    (64, 64, 128, 4, 4),
+    (128, 128, 128, 3, 1),
+]
 
 
 # ----------------------------------------------------------------------------- cases
+
 
 @dataclasses.dataclass(frozen=True)
 class Case:
@@ -145,31 +172,36 @@ def print_cases(cases: list[Case], products) -> None:
     print(f"{'case MxGxKxN':>22} {'dist':>8} {'min':>6} {'max':>6} {'sum':>7} {'GFLOP':>9}  sizes")
     for c in cases:
         head = ",".join(str(s) for s in c.sizes[:8]) + (",..." if c.g > 8 else "")
-        print(f"{c.shape:>22} {c.dist:>8} {min(c.sizes):6d} {max(c.sizes):6d} {sum(c.sizes):7d} "
-              f"{c.flops / 1e9:9.1f}  [{head}]")
-    print(f"{len(cases)} cases x products {','.join(products)}; skewed = Dirichlet(alpha={SKEW_ALPHA}), "
-          f"numpy seed {SKEW_SEED}")
+        print(
+            f"{c.shape:>22} {c.dist:>8} {min(c.sizes):6d} {max(c.sizes):6d} {sum(c.sizes):7d} "
+            f"{c.flops / 1e9:9.1f}  [{head}]"
+        )
+    print(
+        f"{len(cases)} cases x products {','.join(products)}; skewed = Dirichlet(alpha={SKEW_ALPHA}), "
+        f"numpy seed {SKEW_SEED}"
+    )
 
 
 # ----------------------------------------------------------------------------- inputs
+
 
 def make_inputs(case: Case, sets: int) -> list[dict]:
     """Fresh normal bf16 operands (never zeros), `sets` copies for L2 rotation."""
     seed = case.m * 131 + case.g * 17 + case.k * 7 + case.n + DISTRIBUTIONS.index(case.dist)
     keys = jax.random.split(jax.random.key(seed), 3 * sets)
-    return [{"lhs": common.randn(keys[3 * i], (case.m, case.k), DTYPE),
-             "rhs": common.randn(keys[3 * i + 1], (case.g, case.k, case.n), DTYPE),
-             "dy": common.randn(keys[3 * i + 2], (case.m, case.n), DTYPE)} for i in range(sets)]
+    return [
+        {
+            "lhs": common.randn(keys[3 * i], (case.m, case.k), DTYPE),
+            "rhs": common.randn(keys[3 * i + 1], (case.g, case.k, case.n), DTYPE),
+            "dy": common.randn(keys[3 * i + 2], (case.m, case.n), DTYPE),
+        }
+        for i in range(sets)
+    ]
 
 
 def bytes_per_set(case: Case) -> int:
     # Every product touches one [M,K], one [G,K,N] and one [M,N] array.
     return (case.m * case.k + case.g * case.k * case.n + case.m * case.n) * jnp.dtype(DTYPE).itemsize
-
-
-def relative_error(out, reference) -> float:
-    out = jnp.asarray(out, jnp.float32)
-    return float(jnp.linalg.norm(out - reference) / jnp.linalg.norm(reference))
 
 
 def grouped_reference(case: Case, product: str, inp: dict):
@@ -191,16 +223,17 @@ def grouped_reference(case: Case, product: str, inp: dict):
 
 # ----------------------------------------------------------------------------- measuring
 
+
 def brief(error: BaseException) -> str:
     text = f"{type(error).__name__}: {error}".strip().splitlines()[0]
     return text[:300]
 
 
-def check_then_time(produce, time_ms, reference, flops: int, timing: str) -> dict:
+def check_then_time(produce, time_ms, reference, flops: int, timer: str) -> dict:
     """Run once, compare with the reference, and time only what was right."""
     try:
         out = produce()
-        err = relative_error(out, reference)
+        err = float(relative_error(out, reference))
     except Exception as e:  # a contender that cannot run this case is recorded, never fatal
         return {"status": f"failed: {brief(e)}"}
     if not err < MAX_REL_ERR:  # also catches NaN
@@ -209,11 +242,7 @@ def check_then_time(produce, time_ms, reference, flops: int, timing: str) -> dic
         ms = time_ms()
     except Exception as e:
         return {"status": f"timing failed: {brief(e)}", "rel_err": err}
-    return {"status": "ok", "ms": ms, "tflops": flops / ms / 1e9, "rel_err": err, "timing": timing}
-
-
-def time_jax(fn, args_list, iterations: int) -> float:
-    return common.device_ms(fn, args_list, iterations)
+    return {"status": "ok", "ms": ms, "tflops": flops / ms / 1e9, "rel_err": err, "timing": timer}
 
 
 def apply_pullback(pullback, dy):
@@ -250,11 +279,17 @@ def bench_jax_contender(ragged_dot, product, inputs, gs, reference, flops, itera
         fn, args_list = jax_call(ragged_dot, product, inputs, gs)
     except Exception as e:
         return {"status": f"failed: {brief(e)}"}
-    return check_then_time(lambda: jax.jit(fn)(*args_list[0]),
-                           lambda: time_jax(fn, args_list, iterations), reference, flops, "cupti")
+    return check_then_time(
+        lambda: jax.jit(fn)(*args_list[0]),
+        lambda: timing.cupti_ms(fn, args_list, iterations),
+        reference,
+        flops,
+        "cupti",
+    )
 
 
 # ----------------------------------------------------------------------------- XLA
+
 
 def xla_ragged_dot(lhs, rhs, gs):
     return lax.ragged_dot(lhs, rhs, gs)
@@ -271,9 +306,11 @@ def run_xla(product, inputs, gs):
 
 # ----------------------------------------------------------------------------- Pallas MGPU
 
+
 @functools.cache
 def mgpu_modules():
     from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu, transposed_ragged_dot_mgpu
+
     return ragged_dot_mgpu, transposed_ragged_dot_mgpu
 
 
@@ -310,8 +347,13 @@ def mgpu_call(product: str, cfg: dict, inputs: list[dict], gs):
         fn = lambda lhs, rhs, gs: ragged.ragged_dot(lhs, rhs, group_sizes=gs, **cfg)  # noqa: E731
         return fn, [(i["lhs"], i["rhs"], gs) for i in inputs]
     if product == "d_lhs":  # rhs [G,K,N] read as [G, out, contraction]
-        fn = lambda dy, rhs, gs: ragged.ragged_dot(dy, rhs, group_sizes=gs,  # noqa: E731
-                                                   transpose_rhs=True, **cfg)
+        fn = lambda dy, rhs, gs: ragged.ragged_dot(
+            dy,
+            rhs,
+            group_sizes=gs,  # noqa: E731
+            transpose_rhs=True,
+            **cfg,
+        )
         return fn, [(i["dy"], i["rhs"], gs) for i in inputs]
     fn = lambda lhs, dy, gs: transposed.transposed_ragged_dot(lhs, dy, group_sizes=gs, **cfg)  # noqa: E731
     return fn, [(i["lhs"], i["dy"], gs) for i in inputs]
@@ -328,9 +370,13 @@ def bench_mgpu(case, product, inputs, gs, reference, settings) -> dict:
             sweep.append({"config": cfg, "status": f"skipped: {problem}"})
             continue
         fn, args_list = mgpu_call(product, cfg, inputs, gs)
-        result = check_then_time(lambda: jax.jit(fn)(*args_list[0]),
-                                 lambda: time_jax(fn, args_list, settings.iterations),
-                                 reference, case.flops, "cupti")
+        result = check_then_time(
+            lambda fn=fn, args_list=args_list: jax.jit(fn)(*args_list[0]),
+            lambda fn=fn, args_list=args_list: timing.cupti_ms(fn, args_list, settings.iterations),
+            reference,
+            case.flops,
+            "cupti",
+        )
         sweep.append({"config": cfg, **result})
         if result["status"] == "ok" and (best is None or result["ms"] < best["ms"]):
             best = {**result, "config": cfg}
@@ -340,6 +386,7 @@ def bench_mgpu(case, product, inputs, gs, reference, settings) -> dict:
 
 
 # ----------------------------------------------------------------------------- torch
+
 
 def load_torch():
     """torch, or why not. An outside reference only: any failure just records a reason."""
@@ -382,7 +429,7 @@ def from_torch(torch, t):
 
 def torch_call(torch, product: str, t_inputs: list[dict], offs):
     """torch._grouped_mm(mat_a, mat_b, offs) with offs the cumulative group ends."""
-    if product == "fwd":    # 2d x 3d: [M,K] x [G,K,N]
+    if product == "fwd":  # 2d x 3d: [M,K] x [G,K,N]
         fn = lambda lhs, rhs: torch._grouped_mm(lhs, rhs, offs=offs)  # noqa: E731
         return fn, [(t["lhs"], t["rhs"]) for t in t_inputs]
     if product == "d_lhs":  # 2d x 3d: [M,N] x [G,N,K] (a transposed view, no copy)
@@ -431,9 +478,13 @@ def bench_torch(case, product, torch_state, reference, settings) -> dict:
     if torch is None:
         return {"status": reason}
     fn, args_list = torch_call(torch, product, t_inputs, offs)
-    result = check_then_time(lambda: from_torch(torch, fn(*args_list[0])),
-                             lambda: torch_event_ms(torch, fn, args_list, settings.iterations),
-                             reference, case.flops, "cuda_events")
+    result = check_then_time(
+        lambda: from_torch(torch, fn(*args_list[0])),
+        lambda: torch_event_ms(torch, fn, args_list, settings.iterations),
+        reference,
+        case.flops,
+        "cuda_events",
+    )
     if settings.torch_note:
         result["note"] = settings.torch_note
     return result
@@ -441,8 +492,9 @@ def bench_torch(case, product, torch_state, reference, settings) -> dict:
 
 # ----------------------------------------------------------------------------- jax_cluster
 
+
 def gemm_view(case: Case, product: str) -> dict:
-    """The product as jax_cluster's planner sees it (jax_cluster/ragged_plan.py):
+    """The product as jax_cluster's planner sees it (jax_cluster/planning/grouped.py):
     d_lhs reads rhs [G,K,N] as B [G,N',K'] k-major; d_rhs is ragged_k, (K, N, M)."""
     if product == "fwd":
         return {"m": case.m, "n": case.n, "k": case.k, "problem": "ragged_m", "b_major": "n"}
@@ -451,8 +503,20 @@ def gemm_view(case: Case, product: str) -> dict:
     return {"m": case.k, "n": case.n, "k": case.m, "problem": "ragged_k", "b_major": "n"}
 
 
-PLAN_FIELDS = ("path", "variant", "problem", "schedule", "tile_m", "tile_n", "tile_k",
-               "cluster_m", "cluster_n", "max_active_clusters", "predicted_efficiency", "reason")
+PLAN_FIELDS = (
+    "path",
+    "variant",
+    "problem",
+    "schedule",
+    "tile_m",
+    "tile_n",
+    "tile_k",
+    "cluster_m",
+    "cluster_n",
+    "max_active_clusters",
+    "predicted_efficiency",
+    "reason",
+)
 
 
 def ragged_plan_record(case: Case, product: str) -> dict:
@@ -461,25 +525,31 @@ def ragged_plan_record(case: Case, product: str) -> dict:
         return {"status": "unavailable: jax_cluster has no plan_ragged"}
     view = gemm_view(case, product)
     try:
-        plan = jax_cluster.plan_ragged(view["m"], view["n"], view["k"], case.g, dtype=DTYPE,
-                                       problem=view["problem"], b_major=view["b_major"])
+        plan = jax_cluster.plan_ragged(
+            view["m"], view["n"], view["k"], case.g, dtype=DTYPE, problem=view["problem"], b_major=view["b_major"]
+        )
     except Exception as e:  # its API is new; a mismatch is recorded, not fatal
         return {"status": f"failed: {brief(e)}", "view": view}
     fields = {f: getattr(plan, f) for f in PLAN_FIELDS if hasattr(plan, f)}
-    return {"status": "ok", "view": view,
-            **{f: v if isinstance(v, (int, float, str)) else str(v) for f, v in fields.items()}}
+    return {
+        "status": "ok",
+        "view": view,
+        **{f: v if isinstance(v, (int, float, str)) else str(v) for f, v in fields.items()},
+    }
 
 
 def bench_jax_cluster(case, product, inputs, gs, reference, settings) -> dict:
     if not hasattr(jax_cluster, "ragged_dot"):
         return {"status": "unavailable: jax_cluster has no ragged_dot in this build"}
-    result = bench_jax_contender(jax_cluster.ragged_dot, product, inputs, gs, reference,
-                                 case.flops, settings.iterations)
+    result = bench_jax_contender(
+        jax_cluster.ragged_dot, product, inputs, gs, reference, case.flops, settings.iterations
+    )
     result["plan"] = ragged_plan_record(case, product)
     return result
 
 
 # ----------------------------------------------------------------------------- one case
+
 
 @dataclasses.dataclass
 class Settings:
@@ -496,8 +566,13 @@ def bench_product(case, product, inputs, gs, torch_state, settings) -> dict:
     fn, args_list, xla_out, xla_error = run_xla(product, inputs, gs)
     if xla_error is None:
         reference, reference_source = xla_out.astype(jnp.float32), "xla"
-        xla = check_then_time(lambda: xla_out, lambda: time_jax(fn, args_list, settings.iterations),
-                              reference, case.flops, "cupti")
+        xla = check_then_time(
+            lambda out=xla_out: out,
+            lambda: timing.cupti_ms(fn, args_list, settings.iterations),
+            reference,
+            case.flops,
+            "cupti",
+        )
     else:
         reference, reference_source = grouped_reference(case, product, inputs[0]), "per_group_f32"
         xla = {"status": f"failed: {brief(xla_error)}"}
@@ -516,19 +591,29 @@ def make_row(case: Case, product: str, results: dict, reference_source: str) -> 
             r["speedup_vs_xla"] = ms["xla"] / ms[name]
     best_other = min((n for n in OTHERS if n in ms), key=ms.get, default=None)
     ours = ms.get("jax_cluster")
-    return {"case": case.shape, "m": case.m, "g": case.g, "k": case.k, "n": case.n,
-            "distribution": case.dist, "product": product, "dtype": jnp.dtype(DTYPE).name,
-            "group_sizes_min": min(case.sizes), "group_sizes_max": max(case.sizes),
-            "flops": case.flops, "reference": reference_source,
-            "contenders": {name: results[name] for name in CONTENDERS},
-            "best_of_others": {"name": best_other, "ms": ms.get(best_other)},
-            "jax_cluster_vs_xla": ms["xla"] / ours if ours and "xla" in ms else None,
-            "jax_cluster_vs_best_other": ms[best_other] / ours if ours and best_other else None}
+    return {
+        "case": case.shape,
+        "m": case.m,
+        "g": case.g,
+        "k": case.k,
+        "n": case.n,
+        "distribution": case.dist,
+        "product": product,
+        "dtype": jnp.dtype(DTYPE).name,
+        "group_sizes_min": min(case.sizes),
+        "group_sizes_max": max(case.sizes),
+        "flops": case.flops,
+        "reference": reference_source,
+        "contenders": {name: results[name] for name in CONTENDERS},
+        "best_of_others": {"name": best_other, "ms": ms.get(best_other)},
+        "jax_cluster_vs_xla": ms["xla"] / ours if ours and "xla" in ms else None,
+        "jax_cluster_vs_best_other": ms[best_other] / ours if ours and best_other else None,
+    }
 
 
 def bench_case(case: Case, settings: Settings) -> list[dict]:
     gs = jnp.asarray(case.sizes, jnp.int32)
-    inputs = make_inputs(case, common.rotation(bytes_per_set(case)))
+    inputs = make_inputs(case, timing.rotation(bytes_per_set(case)))
     torch = settings.torch_module
     reason = settings.torch_problem or (torch_alignment_problem(case) if torch else None)
     t_inputs, offs = (None, None)
@@ -543,8 +628,7 @@ def bench_case(case: Case, settings: Settings) -> list[dict]:
         try:
             row = bench_product(case, product, inputs, gs, torch_state, settings)
         except Exception as e:  # e.g. no reference could be made: record the case, go on
-            row = make_row(case, product, {n: {"status": f"failed: {brief(e)}"} for n in CONTENDERS},
-                           "none")
+            row = make_row(case, product, {n: {"status": f"failed: {brief(e)}"} for n in CONTENDERS}, "none")
         print_row(row)
         rows.append(row)
     del t_inputs, offs, torch_state
@@ -554,6 +638,7 @@ def bench_case(case: Case, settings: Settings) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- report
+
 
 def cell(result: dict) -> str:
     if result["status"] == "ok":
@@ -567,22 +652,25 @@ def ratio(value) -> str:
 
 def print_header() -> None:
     names = "".join(f"{n[:8]:>9}" for n in CONTENDERS)
-    print(f"{'case MxGxKxN':>22} {'dist':>8} {'product':>7}{names}  {'vs XLA':>7} {'vs best':>7}"
-          f"   (TFLOP/s)", flush=True)
+    print(
+        f"{'case MxGxKxN':>22} {'dist':>8} {'product':>7}{names}  {'vs XLA':>7} {'vs best':>7}   (TFLOP/s)", flush=True
+    )
 
 
 def print_row(row: dict) -> None:
     cells = "".join(" " + cell(row["contenders"][n]) for n in CONTENDERS)
     mgpu = row["contenders"]["mgpu"]
     extra = f"  mgpu {mgpu['config']}" if "config" in mgpu else ""
-    print(f"{row['case']:>22} {row['distribution']:>8} {row['product']:>7}{cells}  "
-          f"{ratio(row['jax_cluster_vs_xla'])} {ratio(row['jax_cluster_vs_best_other'])}{extra}",
-          flush=True)
+    print(
+        f"{row['case']:>22} {row['distribution']:>8} {row['product']:>7}{cells}  "
+        f"{ratio(row['jax_cluster_vs_xla'])} {ratio(row['jax_cluster_vs_best_other'])}{extra}",
+        flush=True,
+    )
 
 
 def geomean(values) -> float | None:
     values = [v for v in values if v]
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+    return statistics.geometric_mean(values) if values else None
 
 
 def label(row: dict) -> str:
@@ -602,41 +690,53 @@ def summarize(rows: list[dict]) -> dict:
         elif r["jax_cluster_vs_xla"] < TARGET_VS_XLA:
             misses.append(f"{label(r)}: {r['jax_cluster_vs_xla']:.2f}x XLA")
     vs_best = geomean(r["jax_cluster_vs_best_other"] for r in rows)
-    per_contender = {n: geomean(r["contenders"][n].get("speedup_vs_xla") for r in rows)
-                     for n in CONTENDERS}
-    return {"rows": len(rows),
-            "geomean_jax_cluster_vs_xla": geomean(r["jax_cluster_vs_xla"] for r in rows),
-            "geomean_jax_cluster_vs_best_other": vs_best,
-            "geomean_speedup_vs_xla_by_contender": per_contender,
-            "target_10x_xla_every_case_met": not misses and not unverified and bool(rows),
-            "target_geomean_vs_best_other_met": vs_best is not None and vs_best >= 1.0,
-            "misses_10x_xla": misses,
-            "unverified_no_xla_time": unverified,
-            "behind_best_other": [f"{label(r)}: {r['jax_cluster_vs_best_other']:.2f}x "
-                                  f"{r['best_of_others']['name']}" for r in rows
-                                  if r["jax_cluster_vs_best_other"] and r["jax_cluster_vs_best_other"] < 1]}
+    per_contender = {n: geomean(r["contenders"][n].get("speedup_vs_xla") for r in rows) for n in CONTENDERS}
+    return {
+        "rows": len(rows),
+        "geomean_jax_cluster_vs_xla": geomean(r["jax_cluster_vs_xla"] for r in rows),
+        "geomean_jax_cluster_vs_best_other": vs_best,
+        "geomean_speedup_vs_xla_by_contender": per_contender,
+        "target_10x_xla_every_case_met": not misses and not unverified and bool(rows),
+        "target_geomean_vs_best_other_met": vs_best is not None and vs_best >= 1.0,
+        "misses_10x_xla": misses,
+        "unverified_no_xla_time": unverified,
+        "behind_best_other": [
+            f"{label(r)}: {r['jax_cluster_vs_best_other']:.2f}x {r['best_of_others']['name']}"
+            for r in rows
+            if r["jax_cluster_vs_best_other"] and r["jax_cluster_vs_best_other"] < 1
+        ],
+    }
 
 
 def print_summary(summary: dict) -> None:
     fmt = lambda v: f"{v:.2f}x" if v else "n/a"  # noqa: E731
-    print(f"geomean jax_cluster vs XLA {fmt(summary['geomean_jax_cluster_vs_xla'])}, "
-          f"vs best of others {fmt(summary['geomean_jax_cluster_vs_best_other'])}")
-    print("geomean speedup vs XLA by contender: " + ", ".join(
-        f"{n} {fmt(v)}" for n, v in summary["geomean_speedup_vs_xla_by_contender"].items()))
-    print(f"target >= {TARGET_VS_XLA:g}x XLA on every case: "
-          f"{'met' if summary['target_10x_xla_every_case_met'] else 'MISSED'}")
+    print(
+        f"geomean jax_cluster vs XLA {fmt(summary['geomean_jax_cluster_vs_xla'])}, "
+        f"vs best of others {fmt(summary['geomean_jax_cluster_vs_best_other'])}"
+    )
+    print(
+        "geomean speedup vs XLA by contender: "
+        + ", ".join(f"{n} {fmt(v)}" for n, v in summary["geomean_speedup_vs_xla_by_contender"].items())
+    )
+    print(
+        f"target >= {TARGET_VS_XLA:g}x XLA on every case: "
+        f"{'met' if summary['target_10x_xla_every_case_met'] else 'MISSED'}"
+    )
     for line in summary["misses_10x_xla"] + summary["unverified_no_xla_time"]:
         print("  miss:", line)
-    print(f"target >= best of others on the geomean: "
-          f"{'met' if summary['target_geomean_vs_best_other_met'] else 'MISSED'}")
+    print(
+        f"target >= best of others on the geomean: {'met' if summary['target_geomean_vs_best_other_met'] else 'MISSED'}"
+    )
     for line in summary["behind_best_other"]:
         print("  behind:", line)
 
 
 def plot(payload: dict, path: pathlib.Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     rows = payload["rows"]
     width = 0.8 / len(CONTENDERS)
     fig, ax = plt.subplots(figsize=(max(10, len(rows) * 0.7), 6))
@@ -647,53 +747,43 @@ def plot(payload: dict, path: pathlib.Path) -> None:
         if name == "jax_cluster":  # its speedup over XLA above its bar
             for x, y, r in zip(xs, ys, rows):
                 if r["jax_cluster_vs_xla"]:
-                    ax.annotate(f"{r['jax_cluster_vs_xla']:.1f}x", (x, y), ha="center",
-                                va="bottom", fontsize=6)
+                    ax.annotate(f"{r['jax_cluster_vs_xla']:.1f}x", (x, y), ha="center", va="bottom", fontsize=6)
     ax.set_yscale("log")
     ax.set_xticks(range(len(rows)), [label(r) for r in rows], rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("TFLOP/s = 2·sum(sizes)·K·N / time (missing bar: no time, see JSON)")
-    ax.set_title(f"ragged_dot bf16 on {payload['device']} (jax {payload['jax_version']}); "
-                 f"label above jax_cluster: speedup vs XLA")
+    ax.set_title(
+        f"ragged_dot bf16 on {payload['device']} (jax {payload['jax_version']}); "
+        f"label above jax_cluster: speedup vs XLA"
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def plot_if_possible(payload: dict, path: pathlib.Path) -> None:
-    try:
-        plot(payload, path)
-    except ImportError as e:  # the JSON is the record; the chart is a convenience
-        print(f"no chart: {brief(e)}")
-
-
-def gpu_slug(name: str) -> str:
-    slug = re.sub(r"[^a-z0-9]+", "_", name.lower().replace("nvidia", "")).strip("_")
-    return slug or "gpu"
-
-
 # ----------------------------------------------------------------------------- main
 
+
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=pathlib.Path, default=None,
-                        help="output folder (default: benchmarks/results/<gpu name>)")
-    parser.add_argument("--quick", action="store_true",
-                        help="the two smallest cases (by FLOPs), uniform sizes only")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common.add_out_argument(parser)
+    parser.add_argument("--quick", action="store_true", help="the two smallest cases (by FLOPs), uniform sizes only")
     parser.add_argument("--cases", default="", help="MxGxKxN,... instead of the suite")
     parser.add_argument("--dists", default="", help="uniform,skewed (default: both)")
     parser.add_argument("--products", default=",".join(PRODUCTS), help="fwd,d_lhs,d_rhs")
     parser.add_argument("--skip-mgpu", action="store_true", help="leave out Pallas Mosaic GPU")
     parser.add_argument("--skip-torch", action="store_true", help="leave out torch._grouped_mm")
-    parser.add_argument("--mgpu-configs", type=int, default=8,
-                        help="how many configs of each Pallas MGPU sweep to try (at most 8)")
+    parser.add_argument(
+        "--mgpu-configs", type=int, default=8, help="how many configs of each Pallas MGPU sweep to try (at most 8)"
+    )
     parser.add_argument("--iterations", type=int, default=10)
-    parser.add_argument("--merge", action="store_true",
-                        help="keep the rows of an earlier run in --out that this run does not "
-                             "redo (to build the suite from several shorter runs)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print the cases and group sizes, touch no GPU")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the rows of an earlier run in --out that this run does not "
+        "redo (to build the suite from several shorter runs)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the cases and group sizes, touch no GPU")
     args = parser.parse_args(argv)
     products = tuple(p for p in args.products.split(",") if p)
     if not products or set(products) - set(PRODUCTS):
@@ -708,30 +798,43 @@ def make_settings(args, device_kind: str) -> Settings:
     torch_note = None
     if torch is not None and torch.cuda.get_device_capability()[0] not in (9, 10):
         torch_note = "not sm90/sm100: torch runs its per-group mm fallback"
-    return Settings(iterations=args.iterations, products=args.products, mgpu_problem=mgpu_problem,
-                    mgpu_config_limit=min(8, args.mgpu_configs), torch_module=torch,
-                    torch_problem=torch_problem, torch_note=torch_note)
+    return Settings(
+        iterations=args.iterations,
+        products=args.products,
+        mgpu_problem=mgpu_problem,
+        mgpu_config_limit=min(8, args.mgpu_configs),
+        torch_module=torch,
+        torch_problem=torch_problem,
+        torch_note=torch_note,
+    )
 
 
 def describe_run(settings: Settings, device: str) -> dict:
     torch = settings.torch_module
-    return {"device": device, "jax_version": jax.__version__,
-            "torch_version": getattr(torch, "__version__", None),
-            "jax_cluster_info": str(jax_cluster.info()),
-            "dtype": jnp.dtype(DTYPE).name, "iterations": settings.iterations,
-            "skew": {"distribution": "dirichlet", "alpha": SKEW_ALPHA, "numpy_seed": SKEW_SEED},
-            "max_rel_err": MAX_REL_ERR, "target_vs_xla": TARGET_VS_XLA,
-            "unavailable": {"mgpu": settings.mgpu_problem, "torch": settings.torch_problem},
-            "notes": ["FLOPs = 2*sum(group_sizes)*K*N for every product.",
-                      "JAX contenders: CUPTI kernel time (all kernels of the call), inputs rotated "
-                      "past L2. torch: CUDA-event time around its calls, queued behind a GPU "
-                      "spin so host launch overhead is hidden (not CUPTI).",
-                      "XLA d_lhs/d_rhs: jax.vjp of lax.ragged_dot taken outside the timing; the "
-                      "timed call applies the pullback (cotangent only). Same for jax_cluster.",
-                      "Reference: XLA's output in float32 ('reference': 'xla'), or float32 "
-                      "per-group dots when XLA failed ('per_group_f32').",
-                      "Pallas MGPU: fwd = ragged_dot, d_lhs = ragged_dot(transpose_rhs=True), "
-                      "d_rhs = transposed_ragged_dot; best of the sweep, all configs in 'sweep'."]}
+    return {
+        "device": device,
+        "jax_version": jax.__version__,
+        "torch_version": getattr(torch, "__version__", None),
+        "jax_cluster_info": str(jax_cluster.info()),
+        "dtype": jnp.dtype(DTYPE).name,
+        "iterations": settings.iterations,
+        "skew": {"distribution": "dirichlet", "alpha": SKEW_ALPHA, "numpy_seed": SKEW_SEED},
+        "max_rel_err": MAX_REL_ERR,
+        "target_vs_xla": TARGET_VS_XLA,
+        "unavailable": {"mgpu": settings.mgpu_problem, "torch": settings.torch_problem},
+        "notes": [
+            "FLOPs = 2*sum(group_sizes)*K*N for every product.",
+            "JAX contenders: CUPTI kernel time (all kernels of the call), inputs rotated "
+            "past L2. torch: CUDA-event time around its calls, queued behind a GPU "
+            "spin so host launch overhead is hidden (not CUPTI).",
+            "XLA d_lhs/d_rhs: jax.vjp of lax.ragged_dot taken outside the timing; the "
+            "timed call applies the pullback (cotangent only). Same for jax_cluster.",
+            "Reference: XLA's output in float32 ('reference': 'xla'), or float32 "
+            "per-group dots when XLA failed ('per_group_f32').",
+            "Pallas MGPU: fwd = ragged_dot, d_lhs = ragged_dot(transpose_rhs=True), "
+            "d_rhs = transposed_ragged_dot; best of the sweep, all configs in 'sweep'.",
+        ],
+    }
 
 
 def earlier_rows(out_dir: pathlib.Path, cases: list[Case], products) -> list[dict]:
@@ -751,24 +854,21 @@ def main(argv=None):
         print_cases(cases, args.products)
         return
     device = common.device_name()
-    out_dir = args.out or pathlib.Path(__file__).parent / "results" / gpu_slug(device)
+    out_dir = common.results_dir(args.out)
     settings = make_settings(args, device)
     payload = {**describe_run(settings, device), "rows": []}
     earlier = earlier_rows(out_dir, cases, args.products) if args.merge else []
-    print(f"{device}; mgpu: {settings.mgpu_problem or 'available'}; "
-          f"torch: {settings.torch_problem or getattr(settings.torch_module, '__version__', '')}")
+    print(
+        f"{device}; mgpu: {settings.mgpu_problem or 'available'}; "
+        f"torch: {settings.torch_problem or getattr(settings.torch_module, '__version__', '')}"
+    )
     print_header()
-    paths = []
     for case in cases:
         payload["rows"].extend(bench_case(case, settings))
         payload["rows_from_earlier_runs"] = len(earlier)
         payload["summary"] = summarize(earlier + payload["rows"])
-        paths = common.write_results(out_dir, STEM, {**payload, "rows": earlier + payload["rows"]},
-                                     plot_if_possible)
+        common.write_results(out_dir, STEM, {**payload, "rows": earlier + payload["rows"]}, plot)
     print_summary(payload["summary"])
-    for path in paths:
-        if path.exists():
-            print("wrote", path)
 
 
 if __name__ == "__main__":

@@ -1,44 +1,103 @@
-"""Shared benchmark plumbing: CUPTI device time, input rotation, JSON + PNG."""
+"""Shared benchmark plumbing: the device, the results folder, JSON + PNG (and
+their manifest entries), paired-bar plots, random operands.
+
+Device time comes from jax_cluster.tuning.timing (CUPTI, rotated inputs), as
+autotune's does; relative errors from jax_cluster.tuning.accuracy.
+"""
+
 from __future__ import annotations
 
+import datetime
 import json
+import os
 import pathlib
+import shlex
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
+import manifest
 
-from jax_cluster._timing import cupti_ms, rotation  # noqa: F401  (shared with autotune)
-
-
-def device_ms(fn, args_list, iterations=10):
-    """Median device time of one call, from CUPTI kernel activity.
-
-    `fn` runs once per entry of `args_list` inside one jit, so the inputs
-    rotate and small problems are not timed out of a warm L2.
-    """
-    return cupti_ms(fn, args_list, iterations)
+HERE = pathlib.Path(__file__).resolve().parent
 
 
 def device_name() -> str:
     return jax.devices()[0].device_kind
 
 
+def results_dir(out: pathlib.Path | None = None) -> pathlib.Path:
+    """`out`, or benchmarks/results/<device>/."""
+    return out if out is not None else manifest.RESULTS / manifest.device_slug(device_name())
+
+
+def add_out_argument(parser) -> None:
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=None, help="output folder (default: benchmarks/results/<gpu>)"
+    )
+
+
+def driver_version() -> str | None:
+    """The CUDA driver's version as jax's CUDA plugin reports it (cudaDriverGetVersion), or None."""
+    try:
+        from jax._src.lib import cuda_versions
+
+        version = cuda_versions.cuda_driver_get_version()
+    except Exception:  # no CUDA plugin, or a jax without this module
+        return None
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+def run_record() -> dict:
+    """What the manifest says of a run of this process."""
+    flags = os.environ.get("XLA_FLAGS", "").strip()
+    try:
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True, timeout=30
+            ).stdout.strip()
+            or None
+        )
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    script = pathlib.Path(sys.argv[0]).resolve()
+    repo = HERE.parent
+    return {
+        "benchmark": script.relative_to(repo).as_posix() if script.is_relative_to(repo) else script.name,
+        "command": ((f"XLA_FLAGS={shlex.quote(flags)} " if flags else "") + shlex.join(["python", *sys.argv])),
+        "commit": commit,
+        "date": datetime.datetime.now(datetime.UTC).date().isoformat(),
+        "jax_version": jax.__version__,
+        "device": device_name(),
+        "driver": driver_version(),
+    }
+
+
 def write_results(out_dir: pathlib.Path, stem: str, payload: dict, plot) -> list[pathlib.Path]:
+    """`stem`.json, and `stem`.png from `plot(payload, path)` where matplotlib is
+    there (the JSON is the record); their manifest entries say how they were made."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = out_dir / f"{stem}.json"
-    json_path.write_text(json.dumps(payload, indent=1))
-    png_path = out_dir / f"{stem}.png"
-    plot(payload, png_path)
-    return [json_path, png_path]
+    paths = [out_dir / f"{stem}.json"]
+    paths[0].write_text(json.dumps(payload, indent=1))
+    try:
+        plot(payload, out_dir / f"{stem}.png")
+        paths.append(out_dir / f"{stem}.png")
+    except ImportError as e:
+        print(f"no plot ({e})")
+    manifest.record(paths, run_record())
+    for path in paths:
+        print("wrote", path)
+    return paths
 
 
-def plot_pairs(path, labels, baseline, ours, *, baseline_label, ours_label="jax_cluster",
-               ratios=None, ylabel, title):
+def plot_pairs(path, labels, baseline, ours, *, baseline_label, ours_label="jax_cluster", ratios=None, ylabel, title):
     """Two bars per case (a baseline and jax_cluster), each pair labelled with
     its ratio when `ratios` is given; written as a PNG."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     xs = range(len(labels))
     fig, ax = plt.subplots(figsize=(max(8, 1.0 * len(labels)), 5))
     ax.bar([x - 0.2 for x in xs], baseline, 0.4, label=baseline_label)

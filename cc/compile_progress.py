@@ -7,6 +7,7 @@ compile_progress.py UNITS_FILE COMPILER ARGS...
 then prints "[jax_cluster] compiled unit 3/17 in 88 s: NAME": after the
 compile, because Ninja shows a command's output only once it ends.
 """
+
 import pathlib
 import subprocess
 import sys

@@ -7,8 +7,8 @@ names, the allowed swizzles, each arch's compute capabilities, the dtypes and
 the FFI target names. The header includes no XLA or CUDA header: kernels
 include it too.
 """
+
 import importlib.util
-import json
 import pathlib
 import sys
 
@@ -63,18 +63,20 @@ def enum(type_name: str, names, numbered: bool = False) -> str:
     enumerators = ", ".join(f"{camel(n)} = {i}" for i, n in enumerate(names))
     quoted = ", ".join(f'"{n}"' for n in names)
     listed = choices(f"{i} ({n})" if numbered else n for i, n in enumerate(names))
-    return (f"enum class {type_name} : int {{ {enumerators} }};\n"
-            f"inline constexpr std::string_view k{type_name}Names[] = {{{quoted}}};\n"
-            f'inline constexpr const char k{type_name}Choices[] = "{listed}";\n'
-            f"constexpr std::string_view name({type_name} v) {{ "
-            f"return k{type_name}Names[static_cast<int>(v)]; }}\n")
+    return (
+        f"enum class {type_name} : int {{ {enumerators} }};\n"
+        f"inline constexpr std::string_view k{type_name}Names[] = {{{quoted}}};\n"
+        f'inline constexpr const char k{type_name}Choices[] = "{listed}";\n'
+        f"constexpr std::string_view name({type_name} v) {{ "
+        f"return k{type_name}Names[static_cast<int>(v)]; }}\n"
+    )
 
 
 def header(t) -> str:
-    # XLA's enumerator names are of no use to tables.py: read from the file itself
-    ffi = {n: d["ffi"] for n, d in json.loads(t.CONTRACT_PATH.read_text())["dtypes"].items()}
-    capabilities = ", ".join(f'{{"{arch}", {major}, {minor}}}'
-                             for arch, ccs in t.ARCH_CAPABILITIES.items() for major, minor in ccs)
+    ffi = t.FFI_DTYPES
+    capabilities = ", ".join(
+        f'{{"{arch}", {major}, {minor}}}' for arch, ccs in t.ARCH_CAPABILITIES.items() for major, minor in ccs
+    )
     parts = [
         PREAMBLE,
         "// The Plan's kernel fields, in the order of the struct: X(type, name).\n"
@@ -93,8 +95,9 @@ def header(t) -> str:
         "struct ArchCapability {\n  std::string_view arch;\n  int cc_major, cc_minor;\n};\n"
         f"inline constexpr ArchCapability kArchCapabilities[] = {{{capabilities}}};\n",
         "// The FFI custom call targets.\n"
-        + "".join(f'inline constexpr const char {camel(key)}Target[] = "{name}";\n'
-                  for key, name in t.FFI_TARGETS.items()),
+        + "".join(
+            f'inline constexpr const char {camel(key)}Target[] = "{name}";\n' for key, name in t.FFI_TARGETS.items()
+        ),
         INDEX_OF,
         "}  // namespace jax_cluster\n",
     ]

@@ -11,6 +11,7 @@ kernel kind and clustering only, so every kernel in its cubin owes the same
 SASS contract (tests/test_sass_contract.py). Prints 'ARCH|FILE' lines for
 CMake and rewrites a file only when its text changes.
 """
+
 import importlib.util
 import pathlib
 import re
@@ -34,8 +35,8 @@ def _load_tables(menu_dir: pathlib.Path):
 
 # A swapped kernel's A is the caller's B and its B the caller's A: B [K,N]
 # (n-major) read as A^T is m-major, and A [K,M] read as B^T is n-major.
-SWAPPED_A_MAJOR = {"n": "m", "k": "k"}   # from the caller's b_major
-SWAPPED_B_MAJOR = {"k": "k", "m": "n"}   # from the caller's a_major
+SWAPPED_A_MAJOR = {"n": "m", "k": "k"}  # from the caller's b_major
+SWAPPED_B_MAJOR = {"k": "k", "m": "n"}  # from the caller's a_major
 
 
 def _template(t, v) -> str:
@@ -44,9 +45,11 @@ def _template(t, v) -> str:
     kind = t.KINDS[v.kind]["template"]
     if not kind:  # grouped
         problem = {"ragged_m": "kRaggedM", "ragged_k": "kRaggedK"}[v.problem]
-        return (f"{ns}::GroupedGemm<{types[v.dtype]}, {types[v.out]}, "
-                f"{A_LAYOUT[v.a_major]}, {B_LAYOUT[v.b_major]}, {v.tile_m}, {v.tile_n}, "
-                f"{v.tile_k}, {v.stages}, RaggedProblem::{problem}>")
+        return (
+            f"{ns}::GroupedGemm<{types[v.dtype]}, {types[v.out]}, "
+            f"{A_LAYOUT[v.a_major]}, {B_LAYOUT[v.b_major]}, {v.tile_m}, {v.tile_n}, "
+            f"{v.tile_k}, {v.stages}, RaggedProblem::{problem}>"
+        )
     if v.swap_ab:  # the kernel's own problem is the transposed one
         a, b = A_LAYOUT[SWAPPED_A_MAJOR[v.b_major]], B_LAYOUT[SWAPPED_B_MAJOR[v.a_major]]
         (tm, tn), (cm, cn) = (v.tile_n, v.tile_m), (v.cluster_n, v.cluster_m)
@@ -56,21 +59,27 @@ def _template(t, v) -> str:
     epilogue = {"none": "", "bias_act": ", BiasActEpilogue"}[v.epilogue]
     if v.swap_ab:
         epilogue = ", PlainEpilogue, true"
-    return (f"{ns}::{DENSE_TEMPLATES[v.arch]}<{types[v.dtype]}, {types[v.out]}, {a}, {b}, "
-            f"{tm}, {tn}, {v.tile_k}, {cm}, {cn}, {v.stages}, {kind}{epilogue}>")
+    return (
+        f"{ns}::{DENSE_TEMPLATES[v.arch]}<{types[v.dtype]}, {types[v.out]}, {a}, {b}, "
+        f"{tm}, {tn}, {v.tile_k}, {cm}, {cn}, {v.stages}, {kind}{epilogue}>"
+    )
 
 
 def _instantiation(t, v) -> str:
-    return (f"// Names this row's kernel in the cubin for tests/test_sass_contract.py.\n"
-            f"__device__ __attribute__((used)) char jax_cluster_variant_{v.name};\n"
-            f"namespace jax_cluster::generated {{\n"
-            f"const VariantOps& ops_{v.name}() {{ return {_template(t, v)}::ops; }}\n"
-            f"}}  // namespace jax_cluster::generated\n")
+    return (
+        f"// Names this row's kernel in the cubin for tests/test_sass_contract.py.\n"
+        f"__device__ __attribute__((used)) char jax_cluster_variant_{v.name};\n"
+        f"namespace jax_cluster::generated {{\n"
+        f"const VariantOps& ops_{v.name}() {{ return {_template(t, v)}::ops; }}\n"
+        f"}}  // namespace jax_cluster::generated\n"
+    )
 
 
 def _unit(t, rows) -> str:
-    return (f"// Generated from jax_cluster/planning/variants.json by cc/gen_variants.py.\n"
-            f'#include "{rows[0].header}"\n\n' + "\n".join(_instantiation(t, v) for v in rows))
+    return (
+        f"// Generated from jax_cluster/planning/variants.json by cc/gen_variants.py.\n"
+        f'#include "{rows[0].header}"\n\n' + "\n".join(_instantiation(t, v) for v in rows)
+    )
 
 
 def _units(variants, size: int) -> dict[str, list]:
@@ -84,7 +93,7 @@ def _units(variants, size: int) -> dict[str, list]:
         count = -(-len(rows) // size)
         for i in range(count):
             name = f"{family}_{kind}{'_clustered' if clustered else ''}_{i}"
-            units[name] = rows[i * len(rows) // count:(i + 1) * len(rows) // count]
+            units[name] = rows[i * len(rows) // count : (i + 1) * len(rows) // count]
     return units
 
 
@@ -95,12 +104,15 @@ def _table(variants) -> str:
         f"{v.tile_m}, {v.tile_n}, {v.tile_k}, {v.cluster_m}, {v.cluster_n}, {v.stages}, "
         f'"{v.mma}", "{v.kind}", "{v.problem}", "{v.epilogue}", "{",".join(v.schedules)}", '
         f"&generated::ops_{v.name}}},\n"
-        for v in variants)
-    return ("// Generated from jax_cluster/planning/variants.json by cc/gen_variants.py.\n"
-            '#include "dispatch/variant_table.h"\n\n'
-            f"namespace jax_cluster {{\nnamespace generated {{\n{decls}}}  // namespace generated\n\n"
-            f"const VariantEntry kVariants[] = {{\n{rows}}};\n"
-            f"const size_t kNumVariants = {len(variants)};\n}}  // namespace jax_cluster\n")
+        for v in variants
+    )
+    return (
+        "// Generated from jax_cluster/planning/variants.json by cc/gen_variants.py.\n"
+        '#include "dispatch/variant_table.h"\n\n'
+        f"namespace jax_cluster {{\nnamespace generated {{\n{decls}}}  // namespace generated\n\n"
+        f"const VariantEntry kVariants[] = {{\n{rows}}};\n"
+        f"const size_t kNumVariants = {len(variants)};\n}}  // namespace jax_cluster\n"
+    )
 
 
 def _write(path: pathlib.Path, text: str) -> None:
@@ -113,11 +125,15 @@ def main(menu_dir: str, out_dir: str, archs: str, only: str = "", unit_size: str
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     wanted = set(archs.split(","))
-    variants = [v for v in tables.load_menu(pathlib.Path(menu_dir) / "variants.json")
-                if v.arch in wanted and re.search(only, v.name)]
+    variants = [
+        v
+        for v in tables.load_menu(pathlib.Path(menu_dir) / "variants.json")
+        if v.arch in wanted and re.search(only, v.name)
+    ]
     if not unit_size.isdigit() or int(unit_size) < 1:
-        raise SystemExit(f"gen_variants.py: JAX_CLUSTER_UNIT_SIZE must be a whole number "
-                         f"of at least 1, not {unit_size!r}")
+        raise SystemExit(
+            f"gen_variants.py: JAX_CLUSTER_UNIT_SIZE must be a whole number of at least 1, not {unit_size!r}"
+        )
     units = _units(variants, int(unit_size))
     for stale in set(out.glob("*.cu")) - {out / f"{name}.cu" for name in units}:
         stale.unlink()  # a row moved to another unit, or left the build

@@ -3,6 +3,7 @@
 Runs anywhere: without a GPU every call takes XLA's dot, and the plan for a
 described H200 shows the kernel choice it would make there.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,7 +25,6 @@ c = jax.jit(jax_cluster.matmul)(a, b)
 ref = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
 err = np.linalg.norm(np.asarray(c, np.float64) - ref) / np.linalg.norm(ref)
 here = jax_cluster.plan(512, 256, 1024, dtype=jnp.bfloat16)
-print(f"matmul on {jax.devices()[0].platform}: {here.path} path ({here.reason}); "
-      f"relative error {err:.1e}")
+print(f"matmul on {jax.devices()[0].platform}: {here.path} path ({here.reason}); relative error {err:.1e}")
 g = jax.grad(lambda a, b: jax_cluster.matmul(a, b, out_dtype=jnp.float32).sum())(a, b)
 print("grad shape", g.shape, g.dtype)

@@ -12,13 +12,13 @@ local experts: exactly the [S, G] block group sizes of `jax_cluster.ragged_dot`.
 Exits non-zero if the result differs from a dense reference (bf16 inputs,
 which the grouped kernels take on an H200, are checked to 2e-2).
 """
+
 import argparse
 import os
 import sys
 
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_force_host_platform_device_count=8")
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -43,24 +43,24 @@ def expert_parallel_mlp(x, router, w_in, w_out, *, top_k):
     devices, local_experts = lax.axis_size(AXIS), w_in.shape[0]
     tokens, features = x.shape
     experts, weights = top_k_routing(x, router, top_k)
-    flat = experts.reshape(-1)                                   # [T*k] (token, slot)
-    order = jnp.argsort(flat, stable=True)                       # by expert, so by device
+    flat = experts.reshape(-1)  # [T*k] (token, slot)
+    order = jnp.argsort(flat, stable=True)  # by expert, so by device
     sizes = jnp.bincount(flat, length=devices * local_experts).astype(jnp.int32)
-    sizes = sizes.reshape(devices, local_experts)                # rows for each peer's experts
+    sizes = sizes.reshape(devices, local_experts)  # rows for each peer's experts
     per_peer = sizes.sum(1)
     starts = jnp.cumsum(per_peer) - per_peer
-    capacity = tokens * top_k                                    # no row is ever dropped
+    capacity = tokens * top_k  # no row is ever dropped
     slot = jnp.arange(capacity)
-    pick = jnp.clip(starts[:, None] + slot, 0, capacity - 1)    # [devices, capacity]
+    pick = jnp.clip(starts[:, None] + slot, 0, capacity - 1)  # [devices, capacity]
     valid = slot[None, :] < per_peer[:, None]
     send = jnp.where(valid[..., None], x[order[pick] // top_k], 0)
 
-    recv = lax.all_to_all(send, AXIS, 0, 0)                      # recv[s]: rows from device s
-    recv_sizes = lax.all_to_all(sizes, AXIS, 0, 0)               # [S=devices, G=local experts]
+    recv = lax.all_to_all(send, AXIS, 0, 0)  # recv[s]: rows from device s
+    recv_sizes = lax.all_to_all(sizes, AXIS, 0, 0)  # [S=devices, G=local experts]
     rows = recv.reshape(devices * capacity, features)
     hidden = jax.nn.gelu(jax_cluster.ragged_dot(rows, w_in, recv_sizes))
     out = jax_cluster.ragged_dot(hidden, w_out, recv_sizes).reshape(devices, capacity, features)
-    back = lax.all_to_all(out, AXIS, 0, 0)                       # back[d]: my rows, done on d
+    back = lax.all_to_all(out, AXIS, 0, 0)  # back[d]: my rows, done on d
 
     peer = jnp.repeat(jnp.arange(devices), per_peer, total_repeat_length=capacity)
     by_sorted = back[peer, jnp.arange(capacity) - starts[peer]]
@@ -88,18 +88,26 @@ def main(argv=None):
     keys = jax.random.split(jax.random.key(0), 4)
     x = jax.random.normal(keys[0], (tokens, features))
     router = jax.random.normal(keys[1], (features, experts))
-    w_in = jax.random.normal(keys[2], (experts, features, hidden)) / features ** 0.5
-    w_out = jax.random.normal(keys[3], (experts, hidden, features)) / hidden ** 0.5
+    w_in = jax.random.normal(keys[2], (experts, features, hidden)) / features**0.5
+    w_out = jax.random.normal(keys[3], (experts, hidden, features)) / hidden**0.5
     x, w_in, w_out = (t.astype(dtype) for t in (x, w_in, w_out))
 
-    layer = jax.jit(jax.shard_map(
-        lambda *a: expert_parallel_mlp(*a, top_k=top_k), mesh=mesh,
-        in_specs=(P(AXIS), P(), P(AXIS), P(AXIS)), out_specs=P(AXIS), check_vma=False))
+    layer = jax.jit(
+        jax.shard_map(
+            lambda *a: expert_parallel_mlp(*a, top_k=top_k),
+            mesh=mesh,
+            in_specs=(P(AXIS), P(), P(AXIS), P(AXIS)),
+            out_specs=P(AXIS),
+            check_vma=False,
+        )
+    )
     y = layer(x, router, w_in, w_out)
     ref = dense_reference(x, router, w_in, w_out, top_k)
     err = float(jnp.abs(y.astype(jnp.float32) - ref).max() / jnp.abs(ref).max())
-    print(f"{devices} devices x {experts // devices} experts, {tokens} tokens, top-{top_k}, "
-          f"{dtype.name}: max relative difference to the dense reference {err:.2e}")
+    print(
+        f"{devices} devices x {experts // devices} experts, {tokens} tokens, top-{top_k}, "
+        f"{dtype.name}: max relative difference to the dense reference {err:.2e}"
+    )
     return 0 if err < (1e-4 if dtype == jnp.float32 else 2e-2) else 1
 
 

@@ -12,6 +12,7 @@ Exits non-zero if the two curves differ by more than the tolerance. --out
 writes both curves and step times to DIR/train_block_<dtype>.json and the
 curves to a .png beside it (the PNG needs matplotlib).
 """
+
 import argparse
 import json
 import pathlib
@@ -52,8 +53,7 @@ class Block(nnx.Module):
         else:
             self.mlp_in, self.mlp_act = dense(FEATURES, HIDDEN), jax.nn.gelu
         self.mlp_out = dense(HIDDEN, FEATURES)
-        self.moe = jcnn.MoEMLP(FEATURES, HIDDEN, EXPERTS, TOP_K, dtype=dtype, rngs=rngs,
-                               **moe_products)
+        self.moe = jcnn.MoEMLP(FEATURES, HIDDEN, EXPERTS, TOP_K, dtype=dtype, rngs=rngs, **moe_products)
         self.head = dense(FEATURES, VOCAB)
 
     def attention(self, x):
@@ -118,10 +118,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    parser.add_argument("--tolerance", type=float, default=None,
-                        help="max |loss difference| / first loss (default 3e-2 bf16, 1e-4 f32)")
-    parser.add_argument("--out", type=pathlib.Path, default=None,
-                        help="directory for train_block_<dtype>.json and .png")
+    parser.add_argument(
+        "--tolerance", type=float, default=None, help="max |loss difference| / first loss (default 3e-2 bf16, 1e-4 f32)"
+    )
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=None, help="directory for train_block_<dtype>.json and .png"
+    )
     args = parser.parse_args(argv)
     dtype = jnp.dtype(args.dtype)
     tolerance = args.tolerance
@@ -138,15 +140,20 @@ def main(argv=None):
         print(f"{i:>6} {ours[i]:>12.5f} {theirs[i]:>12.5f}")
     print(f"{args.steps - 1:>6} {ours[-1]:>12.5f} {theirs[-1]:>12.5f}")
     diff = curve_difference(ours, theirs)
-    print(f"max |loss difference| {diff * theirs[0]:.2e} ({diff:.2e} of the first loss, "
-          f"tolerance {tolerance:.0e})")
+    print(f"max |loss difference| {diff * theirs[0]:.2e} ({diff:.2e} of the first loss, tolerance {tolerance:.0e})")
     print(f"step time: jax_cluster {our_time * 1e3:.2f} ms, flax {their_time * 1e3:.2f} ms")
     if args.out is not None:
-        record = {"device": jax.devices()[0].device_kind, "platform": jax.devices()[0].platform,
-                  "dtype": args.dtype, "steps": args.steps, "loss": {"jax_cluster": ours, "flax": theirs},
-                  "max_difference_of_first_loss": diff, "tolerance": tolerance,
-                  "step_ms": {"jax_cluster": our_time * 1e3, "flax": their_time * 1e3},
-                  "notes": ["step_ms: wall time per step after the first, host included"]}
+        record = {
+            "device": jax.devices()[0].device_kind,
+            "platform": jax.devices()[0].platform,
+            "dtype": args.dtype,
+            "steps": args.steps,
+            "loss": {"jax_cluster": ours, "flax": theirs},
+            "max_difference_of_first_loss": diff,
+            "tolerance": tolerance,
+            "step_ms": {"jax_cluster": our_time * 1e3, "flax": their_time * 1e3},
+            "notes": ["step_ms: wall time per step after the first, host included"],
+        }
         write_record(args.out, f"train_block_{args.dtype}", record)
     return 0 if diff <= tolerance else 1
 
@@ -162,6 +169,7 @@ def write_record(out_dir, stem, record):
         return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(8, 5))
     for side, losses in record["loss"].items():
         steps = record.get("loss_steps", range(len(losses)))
@@ -169,8 +177,10 @@ def write_record(out_dir, stem, record):
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_yscale("log")
-    ax.set_title(f"train_block, {record['dtype']}, {record['device']}: max gap "
-                 f"{record['max_difference_of_first_loss']:.1e} of the first loss")
+    ax.set_title(
+        f"train_block, {record['dtype']}, {record['device']}: max gap "
+        f"{record['max_difference_of_first_loss']:.1e} of the first loss"
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(out_dir / f"{stem}.png", dpi=120)

@@ -38,6 +38,7 @@ EPILOGUES: tuple[str, ...] = tuple(_CONTRACT["epilogues"])
 DTYPE_BYTES: dict[str, int] = {name: d["bytes"] for name, d in _CONTRACT["dtypes"].items()}
 INPUT_DTYPES: tuple[str, ...] = tuple(n for n, d in _CONTRACT["dtypes"].items() if d["input"])
 CUTLASS_TYPES: dict[str, str] = {name: d["cutlass"] for name, d in _CONTRACT["dtypes"].items()}
+FFI_DTYPES: dict[str, str] = {name: d["ffi"] for name, d in _CONTRACT["dtypes"].items()}  # xla::ffi::DataType
 # The compute capabilities whose machine code each arch's kernels are.
 ARCH_CAPABILITIES: dict[str, tuple[tuple[int, int], ...]] = {
     arch: tuple(tuple(cc) for cc in d["compute_capabilities"]) for arch, d in _CONTRACT["archs"].items()
