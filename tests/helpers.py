@@ -4,6 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_cluster.primitives.activations import activation_fn
+
 _key = [jax.random.key(int.from_bytes(np.random.bytes(4), "little"))]
 
 
@@ -84,3 +86,16 @@ def ragged_k_reference(a, b, sizes):
     a, b = _f64(a), _f64(b)
     bounds = group_bounds(sizes, a.shape[0])
     return np.stack([a[lo:hi].T @ b[lo:hi] for lo, hi in bounds]) if bounds else np.zeros((0, a.shape[1], b.shape[1]))
+
+
+def linear_reference(x, w, bias=None, residual=None, *, activation="none", alpha=1.0, beta=None, layout="kn"):
+    """jax_cluster.linear in float32 from the operands as given."""
+    f32 = lambda t: None if t is None else jnp.asarray(t, jnp.float32)  # noqa: E731
+    x, w, bias, residual = f32(x), f32(w), f32(bias), f32(residual)
+    w = w if layout == "kn" else w.T
+    z = alpha * jnp.einsum("...k,kn->...n", x, w, precision=jax.lax.Precision.HIGHEST)
+    if residual is not None:
+        z = z + (1.0 if beta is None else beta) * residual
+    if bias is not None:
+        z = z + bias
+    return activation_fn(activation)(z)

@@ -34,6 +34,7 @@ from jax_cluster.primitives.epilogue import gemm_epilogue
 from jax_cluster.primitives.gemm import gemm
 from jax_cluster.primitives.lowering import clamp_group_sizes
 from jax_cluster.primitives.ragged import ragged
+from jax_cluster.tuning import accuracy
 from jax_cluster.tuning.accuracy import TOLERANCE
 
 # (M, N, K) with M odd, for A stored [M,K]; odd_shape() moves the odd size to
@@ -120,7 +121,7 @@ def _check_dense(v: tables.Variant, plans, key) -> list[tuple[float, float]]:
                 ref = apply_epilogue(ref, bias, c, alpha=0.5, beta=1.0, activation=act, out_dtype=jnp.float32)
             else:
                 out = gemm(a, b, a_major=v.a_major, b_major=v.b_major, out_dtype=out_dt, plan=plan)
-            found.append(errors(out, ref))
+            found.append(accuracy.errors(out, ref))
         return found
 
     return [(float(r), float(w)) for r, w in jax.device_get(errors(key))]
@@ -186,7 +187,7 @@ def _check_grouped(v: tables.Variant, sizes, rows, kdim, ndim, key) -> tuple[flo
             ref = jnp.einsum("mg,mk,gkn->mn", onehot, a32, bk, precision=hi)
         else:
             ref = jnp.einsum("mg,mk,mn->gkn", onehot, a32, b32, precision=hi)
-        rel, worst = errors(out, ref)
+        rel, worst = accuracy.errors(out, ref)
         # rows past the groups (ragged_m) and empty groups (ragged_k) must be exact zeros;
         # known from the groups, not from ref == 0, which random data can also give
         if v.problem == "ragged_m":

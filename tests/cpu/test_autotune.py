@@ -13,10 +13,10 @@ import pytest
 
 import jax_cluster
 from jax_cluster import _ffi
-from jax_cluster.autotuner.progress import TextBar, progress_bar
 from jax_cluster.planning import autotune_cache, tables
 from jax_cluster.planning.device import DeviceInfo
 from jax_cluster.tuning import autotuner
+from jax_cluster.tuning.progress import TextBar, progress_bar
 
 needs_kernels = pytest.mark.skipif(not _ffi.with_kernels(), reason="built without kernels")
 

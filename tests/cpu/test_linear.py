@@ -5,25 +5,11 @@ its numbers in test_gpu_linear)."""
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import randn, rel_error, tolerance
+from helpers import linear_reference, randn, rel_error, tolerance
 
 import jax_cluster
-from jax_cluster.primitives.activations import activation_fn
 
 ACTIVATIONS = ["none", "relu", "gelu", "gelu_exact", "silu"]
-
-
-def reference(x, w, bias=None, residual=None, *, activation="none", alpha=1.0, beta=None, layout="kn"):
-    """float32 from the operands as given."""
-    f32 = lambda t: None if t is None else jnp.asarray(t, jnp.float32)  # noqa: E731
-    x, w, bias, residual = f32(x), f32(w), f32(bias), f32(residual)
-    w = w if layout == "kn" else w.T
-    z = alpha * jnp.einsum("...k,kn->...n", x, w, precision=jax.lax.Precision.HIGHEST)
-    if residual is not None:
-        z = z + (1.0 if beta is None else beta) * residual
-    if bias is not None:
-        z = z + bias
-    return activation_fn(activation)(z)
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
@@ -38,7 +24,7 @@ def test_matches_float32_reference(activation, layout):
     )
     out = f(x, w, bias, res)
     assert out.shape == (3, 40, 48) and out.dtype == jnp.bfloat16
-    ref = reference(x, w, bias, res, activation=activation, alpha=0.5, beta=2.0, layout=layout)
+    ref = linear_reference(x, w, bias, res, activation=activation, alpha=0.5, beta=2.0, layout=layout)
     assert rel_error(out, ref) < tolerance(jnp.bfloat16)
 
 
@@ -48,14 +34,14 @@ def test_optional_operands(with_bias, with_residual):
     bias = randn((24,), jnp.float16) if with_bias else None
     res = randn((16, 24), jnp.float16) if with_residual else None
     out = jax_cluster.linear(x, w, bias, residual=res, activation="relu")
-    assert rel_error(out, reference(x, w, bias, res, activation="relu")) < tolerance(jnp.float16)
+    assert rel_error(out, linear_reference(x, w, bias, res, activation="relu")) < tolerance(jnp.float16)
 
 
 def test_f32_output_from_bf16():
     x, w, b = randn((8, 16), jnp.bfloat16), randn((16, 8), jnp.bfloat16), randn((8,), jnp.float32)
     out = jax_cluster.linear(x, w, b, activation="silu", out_dtype=jnp.float32)
     assert out.dtype == jnp.float32
-    assert rel_error(out, reference(x, w, b.astype(jnp.float32), activation="silu")) < 1e-5
+    assert rel_error(out, linear_reference(x, w, b.astype(jnp.float32), activation="silu")) < 1e-5
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
@@ -70,7 +56,8 @@ def test_gradients_match_the_reference(activation):
         argnums=(0, 1, 2, 3),
     )
     theirs = jax.grad(
-        loss(lambda x, w, b, r: reference(x, w, b, r, activation=activation, alpha=0.7, beta=1.5)), argnums=(0, 1, 2, 3)
+        loss(lambda x, w, b, r: linear_reference(x, w, b, r, activation=activation, alpha=0.7, beta=1.5)),
+        argnums=(0, 1, 2, 3),
     )
     for got, want in zip(ours(x, w, b, r), theirs(x, w, b, r)):
         assert rel_error(got, want) < 1e-5
@@ -91,14 +78,14 @@ def test_bias_gradient_is_flax_reduce_in_the_output_dtype(activation):
     assert reduces and all(e.invars[0].aval.dtype == jnp.bfloat16 for e in reduces)
     got = grad(b)
     assert got.dtype == jnp.bfloat16
-    want = jax.grad(lambda b: jnp.sum(reference(x, w, b, activation=activation) ** 2))(b)
+    want = jax.grad(lambda b: jnp.sum(linear_reference(x, w, b, activation=activation) ** 2))(b)
     assert rel_error(got, want) < tolerance(jnp.bfloat16)
 
 
 def test_gradient_of_nk_kernel_keeps_its_layout():
     x, w = randn((6, 16), jnp.float32), randn((12, 16), jnp.float32)
     g = jax.grad(lambda w: jax_cluster.linear(x, w, kernel_layout="nk", activation="gelu").sum())(w)
-    want = jax.grad(lambda w: reference(x, w, activation="gelu", layout="nk").sum())(w)
+    want = jax.grad(lambda w: linear_reference(x, w, activation="gelu", layout="nk").sum())(w)
     assert g.shape == (12, 16) and rel_error(g, want) < 1e-5
 
 
@@ -111,10 +98,10 @@ def test_vmap_over_tokens_and_over_weights():
     )
     f = lambda x, w, r: jax_cluster.linear(x, w, b, residual=r, activation="gelu")  # noqa: E731
     tokens = jax.vmap(f, in_axes=(0, None, 0))(x, w, r)
-    assert rel_error(tokens, reference(x, w, b, r, activation="gelu")) < 1e-5
+    assert rel_error(tokens, linear_reference(x, w, b, r, activation="gelu")) < 1e-5
     ws = randn((3, 16, 8), jnp.float32)
     per_weight = jax.vmap(f, in_axes=(0, 0, 0))(x, ws, r)
-    want = jnp.stack([reference(x[i], ws[i], b, r[i], activation="gelu") for i in range(3)])
+    want = jnp.stack([linear_reference(x[i], ws[i], b, r[i], activation="gelu") for i in range(3)])
     assert rel_error(per_weight, want) < 1e-5
 
 

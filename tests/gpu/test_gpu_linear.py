@@ -9,8 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import randn, rel_error, tolerance
-from test_linear import reference
+from helpers import linear_reference, randn, rel_error, tolerance
 
 import jax_cluster
 from jax_cluster import _ffi
@@ -41,7 +40,7 @@ def test_every_activation_on_the_kernel(activation, layout):
             x, w, b, r, b_major=plan.b_major, alpha=0.5, beta=2.0, activation=activation, plan=plan
         )
     )(x, w, b, r)
-    ref = reference(x, w, b, r, activation=activation, alpha=0.5, beta=2.0, layout=layout)
+    ref = linear_reference(x, w, b, r, activation=activation, alpha=0.5, beta=2.0, layout=layout)
     assert np.isfinite(np.asarray(out, np.float32)).all()
     assert rel_error(out, ref) < tolerance(jnp.bfloat16)
 
@@ -54,7 +53,7 @@ def test_absent_operands_on_the_kernel(with_bias, with_residual):
     r = randn((m, n), jnp.bfloat16) if with_residual else None
     plan = _plan(m, n, k)
     out = gemm_epilogue(x, w, b, r, beta=1.0 if with_residual else 0.0, activation="silu", plan=plan)
-    assert rel_error(out, reference(x, w, b, r, activation="silu")) < tolerance(jnp.bfloat16)
+    assert rel_error(out, linear_reference(x, w, b, r, activation="silu")) < tolerance(jnp.bfloat16)
 
 
 @pytest.mark.parametrize("schedule,extra", [("stream_k", {}), ("split_k", {"splits": 3})])
@@ -64,7 +63,7 @@ def test_fixup_schedules_apply_the_epilogue_once(schedule, extra):
     b, r = randn((n,), jnp.bfloat16), randn((m, n), jnp.bfloat16)
     plan = _plan(m, n, k, schedule=schedule, **extra)
     out = gemm_epilogue(x, w, b, r, beta=1.0, activation="gelu", plan=plan)
-    assert rel_error(out, reference(x, w, b, r, activation="gelu")) < tolerance(jnp.bfloat16)
+    assert rel_error(out, linear_reference(x, w, b, r, activation="gelu")) < tolerance(jnp.bfloat16)
 
 
 def test_layer_gradients_on_the_kernel():
@@ -76,7 +75,7 @@ def test_layer_gradients_on_the_kernel():
             loss(lambda x, w, b, r: jax_cluster.linear(x, w, b, residual=r, activation="gelu")), argnums=(0, 1, 2, 3)
         )
     )(x, w, b, r)
-    theirs = jax.grad(loss(lambda x, w, b, r: reference(x, w, b, r, activation="gelu")), argnums=(0, 1, 2, 3))(
+    theirs = jax.grad(loss(lambda x, w, b, r: linear_reference(x, w, b, r, activation="gelu")), argnums=(0, 1, 2, 3))(
         x, w, b, r
     )
     for got, want in zip(ours, theirs):
