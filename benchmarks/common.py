@@ -48,18 +48,23 @@ def driver_version() -> str | None:
     return f"{version // 1000}.{version % 1000 // 10}"
 
 
+def _git_commit() -> str | None:
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, timeout=30).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        return (head + ("+" if git("status", "--porcelain", "--untracked-files=no") else "")) or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def run_record() -> dict:
     """What the manifest says of a run of this process."""
     flags = os.environ.get("XLA_FLAGS", "").strip()
-    try:
-        commit = (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True, timeout=30
-            ).stdout.strip()
-            or None
-        )
-    except (OSError, subprocess.SubprocessError):
-        commit = None
+    # JAX_CLUSTER_COMMIT names the commit when the tree runs without its .git
+    # (a copy on a GPU machine); else git says, with "+" for uncommitted changes.
+    commit = os.environ.get("JAX_CLUSTER_COMMIT") or _git_commit()
     script = pathlib.Path(sys.argv[0]).resolve()
     repo = HERE.parent
     return {

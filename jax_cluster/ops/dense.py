@@ -15,21 +15,36 @@ from jax_cluster.planning.dense import plan_gemm
 from jax_cluster.planning.plan import Plan, dtype_name
 from jax_cluster.primitives import plans
 from jax_cluster.primitives.gemm import gemm
+from jax_cluster.primitives.operands import SUPPORTED_DTYPES
 
 
-def matmul(a, b, *, out_dtype=None, plan: Plan | None = None):
+def _primitive_takes(*dtypes) -> bool:
+    """Whether gemm_p takes these dtypes; everything else jnp computes is XLA's alone."""
+    return all(d is None or jnp.dtype(d) in SUPPORTED_DTYPES for d in dtypes)
+
+
+def matmul(a, b, *, out_dtype=None, plan: Plan | None = None, precision=None, preferred_element_type=None):
     """`a @ b` with NumPy matmul semantics on a cluster-persistent kernel.
 
     a is [..., M, K] and b is [K, N] or [..., K, N] (batch dims broadcast);
-    1-D operands are promoted as in `jnp.matmul`. Mixed input dtypes promote.
-    `out_dtype` defaults to the input dtype (accumulation is always fp32).
-    `plan` pins the choices (see `jax_cluster.plan`); it must be made for the
-    call's flattened problem.
+    1-D operands are promoted as in `jnp.matmul`. Mixed input dtypes promote
+    as jnp's do. `out_dtype` (or jnp's `preferred_element_type`) defaults to
+    the promoted input dtype; accumulation is fp32. `plan` pins the choices
+    (see `jax_cluster.plan`); it must be made for the call's flattened problem.
+    Whatever the kernels' primitive does not take (integers, float64,
+    complex) is `jnp.matmul`, with `precision` passed on.
     """
     a, b = jnp.asarray(a), jnp.asarray(b)
-    if a.ndim == 0 or b.ndim == 0:
-        raise ValueError("jax_cluster.matmul: operands must have rank >= 1, got a scalar")
+    if (
+        out_dtype is not None
+        and preferred_element_type is not None
+        and (jnp.dtype(out_dtype) != jnp.dtype(preferred_element_type))
+    ):
+        raise ValueError("jax_cluster.matmul: out_dtype and preferred_element_type disagree; pass one")
+    out_dtype = out_dtype if out_dtype is not None else preferred_element_type
     dtype = jnp.result_type(a, b)
+    if a.ndim == 0 or b.ndim == 0 or not _primitive_takes(dtype, out_dtype):
+        return jnp.matmul(a, b, precision=precision, preferred_element_type=out_dtype)
     a, b = a.astype(dtype), b.astype(dtype)
     squeeze = []
     if a.ndim == 1:
@@ -44,12 +59,14 @@ def matmul(a, b, *, out_dtype=None, plan: Plan | None = None):
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     if b.ndim == 2:  # one weight: every leading dim of a folds into M for free
         lead = a.shape[:-2]
-        out = gemm(a.reshape(-1, k), b, a_major="k", b_major="n", out_dtype=out_dtype, plan=plan)
+        rows = math.prod(lead) * m  # spelled out: a -1 cannot be inferred when K = 0
+        out = gemm(a.reshape(rows, k), b, a_major="k", b_major="n", out_dtype=out_dtype, plan=plan)
         out = out.reshape(*lead, m, n)
     else:
         batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-        a3 = jnp.broadcast_to(a, (*batch, m, k)).reshape(-1, m, k)
-        b3 = jnp.broadcast_to(b, (*batch, k, n)).reshape(-1, k, n)
+        count = math.prod(batch)
+        a3 = jnp.broadcast_to(a, (*batch, m, k)).reshape(count, m, k)
+        b3 = jnp.broadcast_to(b, (*batch, k, n)).reshape(count, k, n)
         out = gemm(a3, b3, a_major="k", b_major="n", out_dtype=out_dtype, plan=plan)
         out = out.reshape(*batch, m, n)
     for axis in squeeze:
@@ -89,7 +106,8 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     """Drop-in for `lax.dot_general` (and Flax's `dot_general=` hook).
 
     Dots with one contracting dimension and leading batch dimensions run on
-    the kernel; every other form and mixed input dtypes go to
+    the kernel; every other form, mixed input dtypes and dtypes the kernels'
+    primitive does not take (integers, float64, complex) go to
     `lax.dot_general` unchanged. `out_sharding` (which `nnx.Linear` passes,
     None by default) is applied to the kernel's output; only when it is given
     and a mesh with explicit axes is set or typed into the operands does the
@@ -97,7 +115,8 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     """
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     mapped = None
-    if lhs.dtype == rhs.dtype and not _explicit_mesh(lhs, rhs, out_sharding):
+    takes = lhs.dtype == rhs.dtype and _primitive_takes(lhs.dtype, preferred_element_type)
+    if takes and not _explicit_mesh(lhs, rhs, out_sharding):
         mapped = _as_gemm(lhs, rhs, dimension_numbers)
     if mapped is None:
         return lax.dot_general(

@@ -180,6 +180,7 @@ def kernel_plan(base: dict, choice: Choice, dev: DeviceInfo, reason: str, notes:
         waves=c.waves,
         predicted_efficiency=c.efficiency,
         memory_bound=c.memory_bound,
+        kind=v.kind,
         swap_ab=v.swap_ab,
         notes=tuple(notes),
     )

@@ -33,14 +33,14 @@ def _evidence(p) -> list[str]:
     )
     rows = [
         f"problem: {size}, {p.dtype}->{p.out_dtype}, A {p.a_major}-major, B {p.b_major}-major (given)",
-        f"device: {d.platform} {d.name or '?'} cc={d.compute_capability} SMs={d.sm_count} ({d.source})",
+        f"device: {d.describe()} ({d.source})",
     ]
-    bound = _roofline(p)
-    if bound:
-        rows.append(bound)
-    if p.uses_kernel:
+    if p.uses_kernel:  # the floor and the waves are the kernel plan's evidence, not XLA's
+        bound = _roofline(p)
+        if bound:
+            rows.append(bound)
         rows.append(f"resident clusters: {p.max_active_clusters} ({p.residency})")
-        rows.append(f"waves: {p.waves:.2f}, predicted efficiency {p.predicted_efficiency:.0%} (modelled)")
+        rows.append(f"waves: {p.waves:.2f}; {_efficiency(p)}")
         if not _ragged(p) and p.schedule in ("static", "dynamic"):
             rows.append(
                 f"per-tile handoff: static step {cost_model.STATIC_STEP_OVERHEAD} tile-times, "
@@ -50,6 +50,13 @@ def _evidence(p) -> list[str]:
         rows.append(f"workspace: {p.workspace_bytes} bytes through XLA (queried from the variant)")
     rows.extend(f"note: {note}" for note in p.notes)
     return rows
+
+
+def _efficiency(p) -> str:
+    return (
+        f"modelled efficiency {p.predicted_efficiency:.0%} (output tiles' MMA time over the resident "
+        "clusters' makespan" + (", stretched to the HBM time" if p.memory_bound else "") + ")"
+    )
 
 
 def _roofline(p) -> str:
@@ -156,7 +163,7 @@ def _timeline(p) -> list[str]:
     full = math.floor(p.waves)
     rows = [
         f"{full} full wave(s) and a tail of {p.waves - full:.0%} of the resident clusters",
-        f"{p.schedule}: predicted efficiency {p.predicted_efficiency:.0%} (modelled)",
+        f"{p.schedule}: {_efficiency(p)}",
     ]
     if p.memory_bound:
         rows.append(
@@ -175,9 +182,10 @@ def _timeline(p) -> list[str]:
         )
         for name, sim in sims.items():
             chosen = "  <- this plan" if name == p.schedule else ""
+            runs = "" if name in tables.SCHEDULES_BY_KIND.get(p.kind, ()) else " (not a schedule of this kind)"
             rows.append(
                 f"{name:<8} makespan {sim.makespan:.2f} tile-times, tail efficiency "
-                f"{sim.tail_efficiency:.0%} (simulated){chosen}"
+                f"{sim.tail_efficiency:.0%} (simulated: work over workers x makespan){chosen}{runs}"
             )
     return rows
 
@@ -193,15 +201,18 @@ def _validation(p) -> list[str]:
     if not p.uses_kernel:
         return ["compare with lax.dot_general; nothing kernel-specific to check"]
     c = p.max_active_clusters
-    prediction = (
-        "prediction: memory-bound, so the time grows with K like the bytes, and no "
-        "schedule beats the HBM floor in the evidence"
-        if p.memory_bound
-        else "prediction: at waves just above an integer, stream_k beats static"
-    )
+    if p.memory_bound:
+        prediction = [
+            "prediction: memory-bound, so the time grows with K like the bytes, and no "
+            "schedule beats the HBM floor in the evidence"
+        ]
+    elif "stream_k" in tables.SCHEDULES_BY_KIND.get(p.kind, ()):
+        prediction = ["prediction: at waves just above an integer, stream_k beats static"]
+    else:
+        prediction = []
     return [
         f"boundary tile counts: {max(1, c - 1)}, {c}, {c + 1} clusters of work",
-        prediction,
+        *prediction,
         f"fallback: XLA's dot if the variant cannot run ({p.variant} missing, misaligned operands or another device)",
     ]
 

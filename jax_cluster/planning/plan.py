@@ -31,7 +31,7 @@ KernelFields = dataclasses.make_dataclass(
 )
 KernelFields.__doc__ = "The Plan's kernel fields, as the C++ struct attribute (common/contract.h) has them."
 
-_DTYPE_NAMES = (("bf16", jnp.bfloat16), ("f16", jnp.float16), ("f32", jnp.float32))
+_DTYPE_NAMES = {np.dtype(jnp.dtype(numpy_name)): name for name, numpy_name in tables.NUMPY_DTYPES.items()}
 
 
 def dtype_name(dtype) -> str:
@@ -39,7 +39,7 @@ def dtype_name(dtype) -> str:
     if isinstance(dtype, str) and dtype in tables.DTYPE_BYTES:
         return dtype
     dt = np.dtype(dtype)
-    return next((name for name, ref in _DTYPE_NAMES if dt == np.dtype(ref)), dt.name)
+    return _DTYPE_NAMES.get(dt, dt.name)
 
 
 # mypy cannot see the fields of a base made at run time, hence the ignore below.
@@ -70,7 +70,9 @@ class Plan(KernelFields):  # type: ignore[misc, valid-type]
     notes: tuple[str, ...] = ()
     # the chosen candidate's modelled HBM time exceeds its compute makespan
     memory_bound: bool = False
-    # the variant computes D^T = B^T·A^T (a swap-AB menu row)
+    # the variant's kernel kind (contract.json "kinds"), and whether it computes
+    # D^T = B^T·A^T (a swap-AB menu row)
+    kind: str = ""
     swap_ab: bool = False
 
     @property

@@ -36,6 +36,8 @@ PROBLEMS: tuple[str, ...] = tuple(_CONTRACT["problems"])
 # activation chosen at run time (dense rows only).
 EPILOGUES: tuple[str, ...] = tuple(_CONTRACT["epilogues"])
 DTYPE_BYTES: dict[str, int] = {name: d["bytes"] for name, d in _CONTRACT["dtypes"].items()}
+# The contract's dtype names and numpy's (bfloat16 is ml_dtypes', which jax registers).
+NUMPY_DTYPES: dict[str, str] = {name: d["numpy"] for name, d in _CONTRACT["dtypes"].items()}
 INPUT_DTYPES: tuple[str, ...] = tuple(n for n, d in _CONTRACT["dtypes"].items() if d["input"])
 CUTLASS_TYPES: dict[str, str] = {name: d["cutlass"] for name, d in _CONTRACT["dtypes"].items()}
 FFI_DTYPES: dict[str, str] = {name: d["ffi"] for name, d in _CONTRACT["dtypes"].items()}  # xla::ffi::DataType

@@ -6,7 +6,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
+from jax_cluster.planning.tables import NUMPY_DTYPES
+
+# What the primitives take: the contract's dtypes (the kernels read the
+# input ones; f32 operands run on XLA inside the same primitive).
+SUPPORTED_DTYPES = tuple(jnp.dtype(name) for name in NUMPY_DTYPES.values())
 # B's major in the other product of a transpose: [K,N] read as [N,K] and back.
 FLIP_B = {"k": "n", "n": "k"}
 

@@ -85,6 +85,11 @@ def sass_by_variant(tmp_path_factory):
             continue
         kernels = gemm_kernels(sass.run_on(cubin, "--dump-sass"))
         assert len(kernels) == len(names), (cubin.name, names, len(kernels))
+        # the cubin's machine code target (sm_90a, sm_100a) is the arch of every row in it
+        target = re.search(r"\.sm_(\d+[a-z]?)\.cubin$", cubin.name)
+        assert target, f"cannot read the target of {cubin.name}"
+        archs = {menu[n].arch for n in names}
+        assert archs == {f"sm{target.group(1)}"}, f"{cubin.name} ({target.group(1)}) holds rows of {archs}: {names}"
         contracts = {(tuple(sorted(required(menu[n]))), tuple(sorted(forbidden(menu[n]))))
                      for n in names}
         assert len(contracts) == 1, f"{cubin.name} mixes rows of different contracts: {names}"

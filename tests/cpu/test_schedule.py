@@ -85,7 +85,7 @@ def test_grouped_tile_costs():
     [
         (([1, 1], 0), {}, "workers"),
         (([1, -1], 2), {}, "finite and >= 0"),
-        (([1, 1], 2, "round_robin"), {}, "static, dynamic, clc, stream_k"),
+        (([1, 1], 2, "round_robin"), {}, "static, stream_k, dynamic, clc"),
         (([1, 1], 2, "stream_k"), {"k_iters": [1]}, "k_iters has 1"),
         (([1, 1], 2, "stream_k"), {"k_iters": [1, 0]}, ">= 1"),
         (([1, 1], 2, "dynamic"), {"fetch_overhead": -1}, "fetch_overhead"),
