@@ -61,7 +61,7 @@ struct RuntimeActivation<float> {
 // so the branch is taken once per subtile, outside the unrolled loop. A
 // switch per value made every value jump into code far from the last
 // (the unrolled subtiles hold every activation's copy), and that kernel ran
-// at 0.46x the plain one even with no activation (docs/perf_notes.md).
+// at 0.46x the plain one even with no activation (docs/performance.md).
 template <int N>
 struct RuntimeActivation<cutlass::Array<float, N>> {
   using Arguments = RuntimeActivation<float>::Arguments;

@@ -127,7 +127,7 @@ def test_clc_grouped_rows_check_pair_clc_and_descriptors(v):
 
 # The fused epilogue's run-time activation must branch once per subtile: a
 # switch per value (128 jump tables in an sm90 row) made the kernel 2.2x
-# slower, measured on an H200 on 2026-11-30 (docs/perf_notes.md). The rows
+# slower, measured on an H200 on 2026-11-30 (docs/performance.md). The rows
 # built since have 8 (sm90) and 5 (sm100).
 MAX_ACTIVATION_JUMP_TABLES = 16
 
