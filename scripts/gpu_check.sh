@@ -3,8 +3,8 @@
 # tests bench grid). Logs, JSON and plots are written to $LOGS and packed into
 # $RESULTS/logs.tgz after every step and every 30 s, so a run cut off by a
 # time limit still leaves what finished; $RESULTS also gets prebuilt/_ext*.so.
-# Steps: tests checks selftest sharding lgemms bench grid planner sched walk layers ragged train
-# fallback pytest (pytest: the tests named by $PYTEST_ARGS).
+# Steps: tests checks selftest sweep sanitize sharding lgemms bench grid planner sched walk layers
+# ragged dense train fallback pytest (pytest: the tests named by $PYTEST_ARGS).
 # Offline machines: put the nvidia-cutlass (and absl-py) wheels in .whl/ first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -63,12 +63,19 @@ for part in ${STEPS:-tests bench grid}; do
            export XLA_PYTHON_CLIENT_PREALLOCATE=false
            (cd /tmp && XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" \
               "$PY" -m jax_cluster.selftest ${SELFTEST_ARGS:-}) >"$LOGS/selftest.log" 2>&1 &
-           "$PYTEST" -q -rs -p no:cacheprovider -k "not size_grid" tests/gpu \
+           "$PYTEST" -q -rs -p no:cacheprovider -k "not size_grid and not sanitizer and not sweep" tests/gpu \
               tests/cpu/test_nn.py tests/cpu/test_linear.py tests/cpu/test_ragged_dot.py \
               tests/cpu/test_autotune.py >"$LOGS/gputests.log" 2>&1
            wait
            tail -n 15 "$LOGS/gputests.log"; tail -n 5 "$LOGS/selftest.log"
            unset XLA_PYTHON_CLIENT_PREALLOCATE ;;
+    sweep) step "the seeded sweep and the 2^31-element problems on the kernels"
+           XLA_PYTHON_CLIENT_PREALLOCATE=false "$PYTEST" -q -rs -p no:cacheprovider ${XDIST:--n 8} \
+             tests/gpu/test_gpu_sweep.py 2>&1 | tee "$LOGS/sweep.log" | tail -15 ;;
+    sanitize) step "compute-sanitizer memcheck and racecheck over every kernel variant and schedule"
+           "$PYTEST" -q -rs -p no:cacheprovider tests/gpu/test_gpu_sanitizer.py 2>&1 | tee "$LOGS/sanitizer.log" | tail -15 ;;
+    dense) step "the dense suite of model GEMMs against XLA"
+           "$PY" benchmarks/bench_dense_suite.py --out "$LOGS" ${DENSE_ARGS:-} 2>&1 | tee "$LOGS/dense.log" | tail -30 ;;
     sharding) step "partitioning on every GPU of this machine (test_gpu_sharding needs two)"
            "$PYTEST" -q -rs -p no:cacheprovider tests/gpu/test_gpu_sharding.py 2>&1 | tee "$LOGS/sharding.log" | tail -15 ;;
     bench) step benchmark

@@ -1,0 +1,84 @@
+"""One small call of every compiled kernel variant and schedule of the present
+GPU's architecture, for compute-sanitizer (test_gpu_sanitizer.py runs it
+under memcheck and racecheck; scripts/gpu_check.sh's `sanitize` step too).
+
+Each call is a problem of a few tiles with ragged edges, so the kernels'
+boundary handling runs; the output is checked against XLA so a silent wrong
+answer fails as well. Prints one line per call and "calls: N, failures: F".
+"""
+
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from jax_cluster import _ffi
+from jax_cluster.planning import tables
+from jax_cluster.planning.device import describe
+from jax_cluster.primitives.epilogue import gemm_epilogue
+from jax_cluster.primitives.gemm import gemm
+from jax_cluster.primitives.ragged import ragged
+from jax_cluster.tools.selftest import DTYPES, dense_plan, grouped_plan, odd_shape
+from jax_cluster.tuning.accuracy import TOLERANCE, relative_error
+
+
+def _dense(v, schedule, key):
+    m, n, k = odd_shape(v, v.cta_tile_m * v.cluster_m + 72, v.tile_n * v.cluster_n + 8, 328)
+    plan = dense_plan(v, schedule, m, n, k)
+    ka, kb = jax.random.split(key)
+    dt = DTYPES[v.dtype]
+    a = jax.random.normal(ka, (m, k) if v.a_major == "k" else (k, m), jnp.float32).astype(dt)
+    b = jax.random.normal(kb, (n, k) if v.b_major == "k" else (k, n), jnp.float32).astype(dt)
+    dims = (((1 if v.a_major == "k" else 0,), (1 if v.b_major == "k" else 0,)), ((), ()))
+    ref = jax.lax.dot_general(a.astype(jnp.float32), b.astype(jnp.float32), dims, precision="highest")
+    if v.epilogue == "bias_act":
+        out = jax.jit(lambda a, b: gemm_epilogue(a, b, b_major=v.b_major, out_dtype=DTYPES[v.out], plan=plan))(a, b)
+    else:
+        out = jax.jit(
+            lambda a, b: gemm(a, b, a_major=v.a_major, b_major=v.b_major, out_dtype=DTYPES[v.out], plan=plan)
+        )(a, b)
+    return float(relative_error(out, ref))
+
+
+def _grouped(v, key):
+    sizes = [0, 77, 1, 200, 0, 150]  # empty, one-row and tile-straddling groups, rows left over
+    rows, kdim, ndim = sum(sizes) + 40, 136, 264
+    plan = grouped_plan(v, len(sizes), rows, kdim, ndim)
+    ka, kb = jax.random.split(key)
+    dt = DTYPES[v.dtype]
+    a = jax.random.normal(ka, (rows, kdim), jnp.float32).astype(dt)
+    if v.problem == "ragged_m":
+        b_shape = (len(sizes), kdim, ndim) if v.b_major == "n" else (len(sizes), ndim, kdim)
+    else:
+        b_shape = (rows, ndim)
+    b = jax.random.normal(kb, b_shape, jnp.float32).astype(dt)
+    gs = jnp.asarray(sizes, jnp.int32)
+    run = jax.jit(lambda a, b, gs: ragged(a, b, gs, problem=v.problem, b_major=v.b_major, plan=plan))
+    # float32 operands take XLA's ragged_dot: the reference
+    xla = jax.jit(lambda a, b, gs: ragged(a, b, gs, problem=v.problem, b_major=v.b_major))
+    return float(relative_error(run(a, b, gs), xla(a.astype(jnp.float32), b.astype(jnp.float32), gs)))
+
+
+def main() -> int:
+    dev = describe()
+    if dev.arch is None or not _ffi.with_kernels():
+        print(f"nothing to run: {_ffi.why_no_kernels() or dev.describe()}")
+        return 2
+    compiled = _ffi.compiled_variant_names()
+    calls = failures = 0
+    key = jax.random.key(0)
+    for v in tables.load_menu():
+        if v.arch != dev.arch or v.name not in compiled:
+            continue
+        for schedule in v.schedules if v.problem == "dense" else v.schedules[:1]:
+            key, sub = jax.random.split(key)
+            err = _dense(v, schedule, sub) if v.problem == "dense" else _grouped(v, sub)
+            ok = err <= TOLERANCE[v.out]
+            calls, failures = calls + 1, failures + (not ok)
+            print(f"{v.name} {schedule}: relative error {err:.2e} {'ok' if ok else 'FAIL'}", flush=True)
+    print(f"calls: {calls}, failures: {failures}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

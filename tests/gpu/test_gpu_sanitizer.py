@@ -1,0 +1,43 @@
+"""compute-sanitizer over one small call of every kernel variant and schedule
+(sanitizer_calls.py): memcheck and racecheck report nothing. Each buffer is
+its own allocation (XLA_PYTHON_CLIENT_ALLOCATOR=platform), so an access past
+one is seen rather than landing inside XLA's pool."""
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+SANITIZER = shutil.which("compute-sanitizer") or next(
+    (str(p) for p in pathlib.Path("/usr/local/cuda/bin").glob("compute-sanitizer")), None
+)
+CALLS = pathlib.Path(__file__).with_name("sanitizer_calls.py")
+
+
+@pytest.mark.skipif(SANITIZER is None, reason="compute-sanitizer is not installed")
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_every_kernel_is_clean_under_compute_sanitizer(tool):
+    env = dict(os.environ, XLA_PYTHON_CLIENT_ALLOCATOR="platform", XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    run = subprocess.run(
+        [
+            SANITIZER,
+            "--tool",
+            tool,
+            "--error-exitcode",
+            "3",
+            sys.executable,
+            str(CALLS),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
+    log = run.stdout[-4000:] + run.stderr[-4000:]
+    assert run.returncode == 0, log
+    assert "calls: " in run.stdout and ", failures: 0" in run.stdout, log
+    assert "ERROR SUMMARY: 0 errors" in run.stdout + run.stderr, log
