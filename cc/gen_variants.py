@@ -12,10 +12,11 @@ SASS contract (tests/test_sass_contract.py). Prints 'ARCH|FILE' lines for
 CMake and rewrites a file only when its text changes.
 """
 
-import importlib.util
 import pathlib
 import re
 import sys
+
+from gen_contract import load_tables  # beside this file: one loader for both generators
 
 # CUTLASS layout tags: A [M,K] is RowMajor; B [N,K] is ColumnMajor.
 A_LAYOUT = {"k": "cutlass::layout::RowMajor", "m": "cutlass::layout::ColumnMajor"}
@@ -23,14 +24,6 @@ B_LAYOUT = {"k": "cutlass::layout::ColumnMajor", "n": "cutlass::layout::RowMajor
 # The dense kernel template of each arch (in tables.ARCH_NAMESPACES[arch]);
 # kinds with an empty template are grouped and use GroupedGemm there.
 DENSE_TEMPLATES = {"sm90a": "GemmWsPersistent", "sm100a": "GemmTcgen05Persistent"}
-
-
-def _load_tables(menu_dir: pathlib.Path):
-    spec = importlib.util.spec_from_file_location("jax_cluster_tables", menu_dir / "tables.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses looks the module up while it runs
-    spec.loader.exec_module(mod)
-    return mod
 
 
 # A swapped kernel's A is the caller's B and its B the caller's A: B [K,N]
@@ -121,7 +114,7 @@ def _write(path: pathlib.Path, text: str) -> None:
 
 
 def main(menu_dir: str, out_dir: str, archs: str, only: str = "", unit_size: str = "1") -> None:
-    tables = _load_tables(pathlib.Path(menu_dir))
+    tables = load_tables(pathlib.Path(menu_dir))
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     wanted = set(archs.split(","))

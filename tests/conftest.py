@@ -59,3 +59,16 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def gpu():
     return GPU
+
+
+@pytest.fixture
+def autotune_cache_dir(tmp_path, monkeypatch):
+    """An autotune cache folder of the test's own, with reading off at the start and the end."""
+    from jax_cluster.planning import autotune_cache
+
+    monkeypatch.setenv("JAX_CLUSTER_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("JAX_CLUSTER_AUTOTUNE", raising=False)
+    monkeypatch.setattr(autotune_cache, "_warned_stale", set())
+    jax_cluster.use_autotune_cache(None)
+    yield tmp_path
+    jax_cluster.use_autotune_cache(None)

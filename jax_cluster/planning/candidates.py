@@ -150,6 +150,18 @@ def best_candidate(
     return best, notes
 
 
+def check_overrides(overrides: dict, allowed: tuple[str, ...], caller: str) -> None:
+    """A TypeError naming the overrides a planner does not take ("path" it always does)."""
+    unknown = set(overrides) - set(allowed) - {"path"}
+    if unknown:
+        raise TypeError(f"{caller}: unknown override(s) {sorted(unknown)}; choose from {allowed + ('path',)}")
+
+
+def xla_plan(base: dict, reason: str, notes=()) -> Plan:
+    """The plan that runs XLA's op for the call described by `base`, and why."""
+    return Plan(**base, path="xla", reason=reason, notes=tuple(notes))
+
+
 NO_RESIDENT_CANDIDATE = "no candidate variant fits on this device (cudaOccupancyMaxActiveClusters = 0)"
 
 

@@ -12,8 +12,10 @@ from jax_cluster.planning.candidates import (
     Candidate,
     best_candidate,
     call_base,
+    check_overrides,
     kernel_plan,
     menu_rows,
+    xla_plan,
 )
 from jax_cluster.planning.device import describe
 from jax_cluster.planning.plan import Plan, dtype_name
@@ -64,20 +66,15 @@ def plan_gemm(
     """
     if epilogue not in tables.EPILOGUES:
         raise ValueError(f"plan(): epilogue must be one of {tables.EPILOGUES}, got {epilogue!r}")
-    unknown = set(overrides) - set(OVERRIDABLE) - {"path"}
-    if unknown:
-        raise TypeError(f"plan(): unknown override(s) {sorted(unknown)}; choose from {OVERRIDABLE + ('path',)}")
+    check_overrides(overrides, OVERRIDABLE, "plan()")
     dev = describe(device)
     out = dtype_name(out_dtype if out_dtype is not None else dtype)
     call = Call("dense", int(m), int(n), int(k), int(batch), a_major, b_major, dtype_name(dtype), out, epilogue)
     base = call_base(call, dev)
 
-    def fallback(reason: str, notes=()) -> Plan:
-        return Plan(**base, path="xla", reason=reason, notes=tuple(notes))
-
     rows, why = menu_rows(dev, call, overrides, "plan()")
     if why:
-        return fallback(why)
+        return xla_plan(base, why)
     notes = []
     if not overrides.get("allow_nonportable_cluster", False):
         notes = [
@@ -88,8 +85,8 @@ def plan_gemm(
         ]
         rows = [v for v in rows if v.cluster_size <= cost_model.PORTABLE_CLUSTER_SIZE]
     if not rows:
-        return fallback(
-            "every matching variant needs a non-portable cluster (> 8 CTAs) and the caller did not opt in", notes
+        return xla_plan(
+            base, "every matching variant needs a non-portable cluster (> 8 CTAs) and the caller did not opt in", notes
         )
     floor = cost_model.memory_floor(m, n, k, batch, call.dtype, out, dev)
 
@@ -110,7 +107,7 @@ def plan_gemm(
     choice, resident_notes = best_candidate(rows, dev, options)
     notes += resident_notes
     if choice is None:
-        return fallback(NO_RESIDENT_CANDIDATE, notes)
+        return xla_plan(base, NO_RESIDENT_CANDIDATE, notes)
     v, c = choice.variant, choice.candidate
     split = f" x{c.splits} splits" if c.schedule == "split_k" else ""
     bound = ", memory-bound" if c.memory_bound else ""

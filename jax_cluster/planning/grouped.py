@@ -18,8 +18,10 @@ from jax_cluster.planning.candidates import (
     Candidate,
     best_candidate,
     call_base,
+    check_overrides,
     kernel_plan,
     menu_rows,
+    xla_plan,
 )
 from jax_cluster.planning.device import describe
 from jax_cluster.planning.plan import Plan, dtype_name
@@ -58,22 +60,17 @@ def plan_ragged(
     """
     if problem not in RAGGED_PROBLEMS:
         raise ValueError(f"plan_ragged(): problem must be one of {RAGGED_PROBLEMS}, got {problem!r}")
-    unknown = set(overrides) - set(OVERRIDABLE) - {"path"}
-    if unknown:
-        raise TypeError(f"plan_ragged(): unknown override(s) {sorted(unknown)}; choose from {OVERRIDABLE + ('path',)}")
+    check_overrides(overrides, OVERRIDABLE, "plan_ragged()")
     a_major = a_major or DEFAULT_A_MAJOR[problem]
     dev = describe(device)
     out = dtype_name(out_dtype if out_dtype is not None else dtype)
     call = Call(problem, int(m), int(n), int(k), int(groups), a_major, b_major, dtype_name(dtype), out)
     base = call_base(call, dev)
 
-    def fallback(reason: str, notes=()) -> Plan:
-        return Plan(**base, path="xla", reason=reason, notes=tuple(notes))
-
     # group g's rows start at a multiple of the row pitch, so TMA's rule covers every group
     rows, why = menu_rows(dev, call, overrides, "plan_ragged()")
     if why:
-        return fallback(why)
+        return xla_plan(base, why)
 
     def options(v: tables.Variant, clusters: int):
         time, waves, eff = cost_model.grouped_score(v, m, n, k, groups, problem, clusters, _schedule(v))
@@ -81,7 +78,7 @@ def plan_ragged(
 
     choice, notes = best_candidate(rows, dev, options)
     if choice is None:
-        return fallback(NO_RESIDENT_CANDIDATE, notes)
+        return xla_plan(base, NO_RESIDENT_CANDIDATE, notes)
     notes.append("waves and efficiency are modelled for evenly filled groups; the sizes are only known on the device")
     v, c = choice.variant, choice.candidate
     reason = (

@@ -26,14 +26,9 @@ PROBLEM = dict(dtype=jnp.bfloat16, out_dtype=None, batch=1, a_major="k", b_major
 
 
 @pytest.fixture(autouse=True)
-def cache_dir(tmp_path, monkeypatch):
+def cache_dir(autotune_cache_dir):
     """Every test gets its own cache folder and starts with reading off."""
-    monkeypatch.setenv("JAX_CLUSTER_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("JAX_CLUSTER_AUTOTUNE", raising=False)
-    monkeypatch.setattr(autotune_cache, "_warned_stale", set())
-    jax_cluster.use_autotune_cache(None)
-    yield tmp_path
-    jax_cluster.use_autotune_cache(None)
+    return autotune_cache_dir
 
 
 def key(m=4096, n=4096, k=4096, **changes):

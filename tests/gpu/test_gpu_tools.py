@@ -9,7 +9,6 @@ import pytest
 from helpers import randn, reference, rel_error, tolerance
 
 import jax_cluster
-from jax_cluster.planning import autotune_cache
 from jax_cluster.planning.device import describe
 from jax_cluster.tools import selftest
 from jax_cluster.tuning import autotuner
@@ -17,22 +16,11 @@ from jax_cluster.tuning import autotuner
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    """A cache folder of the test's own, with reading off at the start and the end."""
-    monkeypatch.setenv("JAX_CLUSTER_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("JAX_CLUSTER_AUTOTUNE", raising=False)
-    monkeypatch.setattr(autotune_cache, "_warned_stale", set())
-    jax_cluster.use_autotune_cache(None)
-    yield tmp_path
-    jax_cluster.use_autotune_cache(None)
-
-
 def test_selftest_passes_on_the_gpu(capsys):
     assert selftest.main(["--quick"]) == 0, capsys.readouterr().out
 
 
-def test_autotune_on_the_gpu_writes_a_winner_the_planner_uses(gpu, cache_dir):
+def test_autotune_on_the_gpu_writes_a_winner_the_planner_uses(gpu, autotune_cache_dir):
     shape = (256, 512, 1024)
     r = jax_cluster.autotune([shape], device=gpu, progress=False, iters=3)[shape]
     assert not r.failed, [(t.overrides, t.error) for t in r.failed]
@@ -40,7 +28,7 @@ def test_autotune_on_the_gpu_writes_a_winner_the_planner_uses(gpu, cache_dir):
     assert r.ms > 0 and r.xla_ms > 0 and r.timer in ("cupti", "wall")
     dev = describe(gpu)
     assert dev.name in r.key and f"{dev.sm_count}SMs" in r.key
-    entry = json.loads((cache_dir / "autotune.json").read_text())["entries"][r.key]
+    entry = json.loads((autotune_cache_dir / "autotune.json").read_text())["entries"][r.key]
     assert entry["overrides"] == r.overrides and entry["timer"] == r.timer
 
     jax_cluster.use_autotune_cache(True)
