@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import PartitionSpec
 
+from jax_cluster.ops import output_sharding
 from jax_cluster.planning.call import Call
 from jax_cluster.planning.dense import plan_gemm
 from jax_cluster.planning.plan import Plan, dtype_name
@@ -116,7 +115,7 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     mapped = None
     takes = lhs.dtype == rhs.dtype and _primitive_takes(lhs.dtype, preferred_element_type)
-    if takes and not _explicit_mesh(lhs, rhs, out_sharding):
+    if takes and not output_sharding.explicit_mesh(lhs, rhs, out_sharding):
         mapped = _as_gemm(lhs, rhs, dimension_numbers)
     if mapped is None:
         return lax.dot_general(
@@ -130,46 +129,9 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     a, b, a_major, b_major, out_shape = mapped
     out = gemm(a, b, a_major=a_major, b_major=b_major, out_dtype=preferred_element_type)
     out = out.reshape(out_shape)
-    if _constrains(out_sharding):
-        out = _place(out, out_sharding)
+    if output_sharding.constrains(out_sharding, "jax_cluster.dot_general"):
+        out = output_sharding.place(out, out_sharding)
     return out
-
-
-def _explicit_mesh(lhs, rhs, out_sharding) -> bool:
-    """Whether sharding is part of the operands' types (AxisType.Explicit): the
-    kernel's primitive has no sharding rule for types, lax.dot_general has."""
-    if out_sharding is None:
-        return False
-    meshes = [jax.sharding.get_abstract_mesh()]
-    meshes += [getattr(jax.typeof(x).sharding, "mesh", None) for x in (lhs, rhs)]
-    return any(_has_explicit_axes(m) for m in meshes)
-
-
-def _has_explicit_axes(mesh) -> bool:
-    return mesh is not None and not mesh.empty and jax.sharding.AxisType.Explicit in mesh.axis_types
-
-
-def _place(out, out_sharding):
-    """The kernel's output in the asked sharding: reshard onto a mesh with
-    explicit axes (with_sharding_constraint refuses those), else a constraint."""
-    if _has_explicit_axes(getattr(out_sharding, "mesh", None)):
-        return jax.sharding.reshard(out, out_sharding)
-    return jax.lax.with_sharding_constraint(out, out_sharding)
-
-
-def _constrains(out_sharding) -> bool:
-    """False for None and for a spec that splits nothing outside any mesh,
-    which asks for nothing a constraint could say."""
-    if out_sharding is None:
-        return False
-    if isinstance(out_sharding, PartitionSpec) and jax.sharding.get_abstract_mesh().empty:
-        if all(entry is None for entry in out_sharding):
-            return False
-        raise ValueError(
-            f"jax_cluster.dot_general: out_sharding={out_sharding} names mesh axes "
-            "but no mesh is set; pass a NamedSharding or use jax.set_mesh"
-        )
-    return True
 
 
 def plan(

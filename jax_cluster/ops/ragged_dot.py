@@ -1,27 +1,44 @@
-"""Public grouped GEMM: `ragged_dot`, with jax.lax.ragged_dot's semantics."""
+"""Public grouped GEMM: `ragged_dot`, a drop-in for jax.lax.ragged_dot."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax import lax
 
+from jax_cluster.ops import output_sharding
 from jax_cluster.planning.plan import Plan
+from jax_cluster.primitives.lowering import clamp_group_sizes
+from jax_cluster.primitives.operands import SUPPORTED_DTYPES
 from jax_cluster.primitives.ragged import ragged
 
 _B_MAJOR = {"gkn": "n", "gnk": "k"}
+_WHO = "jax_cluster.ragged_dot"
 
 
 def ragged_dot(
-    lhs, rhs, group_sizes, *, preferred_element_type=None, rhs_layout: str = "gkn", plan: Plan | None = None
+    lhs,
+    rhs,
+    group_sizes,
+    precision=None,
+    preferred_element_type=None,
+    group_offset=None,
+    out_sharding=None,
+    *,
+    rhs_layout: str = "gkn",
+    plan: Plan | None = None,
 ):
     """Grouped GEMM: rows of `lhs` [M,K] split into G consecutive groups, and
-    group g multiplied by its own matrix rhs[g].
+    group g multiplied by its own matrix rhs[g]. The positional arguments are
+    `jax.lax.ragged_dot`'s; the keyword-only ones are this package's.
 
     rhs is [G,K,N] (`rhs_layout="gkn"`, as in `jax.lax.ragged_dot`) or
     [G,N,K] (`"gnk"`, read in place: no transpose is made). `group_sizes` is
-    an int32 [G] array that stays on the device: nothing waits for its values,
-    so the call works under jit and in CUDA graphs. The output is [M,N] in
-    `preferred_element_type` (default: the input dtype); accumulation is fp32.
-    Mixed input dtypes promote.
+    an integer [G] array (any integer dtype) that stays on the device: nothing
+    waits for its values, so the call works under jit and in CUDA graphs. The
+    output is [M,N] in `preferred_element_type` (default: the input dtype);
+    accumulation is fp32. Mixed input dtypes promote. `precision` matters
+    only where XLA computes (float32 and wider inputs); `out_sharding` places
+    the output as lax's does.
 
     `group_sizes` may also be [S,G]: the M rows are then S equal blocks, block
     s grouped by group_sizes[s] (each block as if it were its own call). This
@@ -35,6 +52,12 @@ def ragged_dot(
     writes out of bounds) and rows past the last group are zero. The kernel
     and the XLA fallback follow the same rule.
 
+    `group_offset` (an integer scalar, for expert parallelism): group_sizes
+    holds all G groups and rhs only the G_local = rhs.shape[0] groups from
+    `group_offset` on. Rows of group g in [offset, offset + G_local) multiply
+    rhs[g - offset]; every other row of the output is zero, and so are their
+    gradients.
+
     Differentiable in lhs and rhs: d_lhs is the same grouped product with
     rhs read transposed in place, d_rhs[g] = lhs_g^T dy_g. vmap runs a loop
     over the mapped axis. Bf16/fp16 inputs on sm90a run the grouped kernel
@@ -44,17 +67,88 @@ def ragged_dot(
     "gkn" or "k" for "gnk", ...).
     """
     if rhs_layout not in _B_MAJOR:
-        raise ValueError(
-            f"jax_cluster.ragged_dot: rhs_layout must be 'gkn' ([G,K,N]) or 'gnk' ([G,N,K]), got {rhs_layout!r}"
-        )
+        raise ValueError(f"{_WHO}: rhs_layout must be 'gkn' ([G,K,N]) or 'gnk' ([G,N,K]), got {rhs_layout!r}")
     lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
+    if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+        raise TypeError(f"{_WHO}: group_sizes must have an integer dtype, got {group_sizes.dtype}")
     dtype = jnp.result_type(lhs, rhs)
-    return ragged(
-        lhs.astype(dtype),
-        rhs.astype(dtype),
-        group_sizes,
-        problem="ragged_m",
-        b_major=_B_MAJOR[rhs_layout],
-        out_dtype=preferred_element_type,
-        plan=plan,
+    lhs, rhs = lhs.astype(dtype), rhs.astype(dtype)
+    if lhs.ndim != 2 or rhs.ndim != 3:
+        raise ValueError(
+            f"{_WHO}: lhs must be [M,K] and rhs [G,K,N] or [G,N,K], got shapes {lhs.shape} and {rhs.shape}"
+        )
+    blocks = group_sizes.shape[0] if group_sizes.ndim == 2 else 1
+    rows = lhs.shape[0] // blocks if blocks else 0
+    # Sizes past the rows change no group's span (each is cut at the rows), so
+    # any integer dtype narrows to int32 without wrapping.
+    sizes = jnp.clip(group_sizes, 0, rows).astype(jnp.int32)
+    first_row = None
+    if group_offset is not None:
+        sizes, first_row = _local_groups(sizes, group_offset, rhs.shape[0], rows)
+    if (
+        jnp.dtype(dtype) not in SUPPORTED_DTYPES
+        or (preferred_element_type is not None and jnp.dtype(preferred_element_type) not in SUPPORTED_DTYPES)
+        or (precision is not None and jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16))
+    ):
+        out = _lax_ragged_dot(lhs, rhs, sizes, rhs_layout, precision, preferred_element_type)
+    else:
+        out = ragged(
+            lhs,
+            rhs,
+            sizes,
+            problem="ragged_m",
+            b_major=_B_MAJOR[rhs_layout],
+            out_dtype=preferred_element_type,
+            plan=plan,
+        )
+    if first_row is not None:  # the rows of other shards' groups were computed against rhs[0]: zero them
+        row = jnp.arange(lhs.shape[0]) % max(rows, 1)
+        keep = (row.reshape(blocks, rows) >= first_row[:, None]).reshape(-1)
+        out = jnp.where(keep[:, None], out, jnp.zeros((), out.dtype))
+    if output_sharding.constrains(out_sharding, _WHO):
+        out = output_sharding.place(out, out_sharding)
+    return out
+
+
+def _local_groups(sizes, group_offset, local, rows):
+    """([..., G_local] sizes of the local groups, [blocks] their first row).
+
+    The first local group also takes the rows of the groups before it, so the
+    grouped product starts at row 0 as it always does; those rows are zeroed
+    afterwards. Rows of the groups after the local ones are past the last
+    group, which the product leaves zero."""
+    blocked = sizes.reshape(-1, sizes.shape[-1])
+    total = blocked.shape[-1]
+    offset = jnp.asarray(group_offset, jnp.int32)
+    if offset.ndim != 0:
+        raise ValueError(f"{_WHO}: group_offset must be a scalar, got shape {offset.shape}")
+    if local > total:
+        raise ValueError(f"{_WHO}: rhs holds {local} groups but group_sizes only {total}")
+    before = jnp.where(jnp.arange(total) < offset, blocked, 0).sum(axis=-1)
+    first_row = jnp.minimum(before, rows)
+    # empty groups on both sides, so a window reaching past either end reads zeros
+    pad = jnp.zeros((blocked.shape[0], local), blocked.dtype)
+    padded = jnp.concatenate([pad, blocked, pad], axis=1)
+    window = lax.dynamic_slice_in_dim(padded, jnp.clip(offset + local, 0, total + local), local, axis=1)
+    window = window.at[:, 0].add(first_row)
+    return window.reshape(*sizes.shape[:-1], local), first_row
+
+
+def _lax_ragged_dot(lhs, rhs, sizes, rhs_layout, precision, preferred_element_type):
+    """XLA's ragged_dot for what the kernels' primitive does not take (integers,
+    float64, a precision asked of float32), on sizes clamped by the same rule."""
+    rows = lhs.shape[0] // (sizes.shape[0] if sizes.ndim == 2 else 1)
+    sizes = (
+        jnp.stack([clamp_group_sizes(s, rows) for s in sizes]) if sizes.ndim == 2 else clamp_group_sizes(sizes, rows)
     )
+    if rhs_layout == "gnk":
+        rhs = jnp.swapaxes(rhs, 1, 2)
+    if sizes.ndim == 2:  # S row blocks, each its own problem
+        blocks = sizes.shape[0]
+        parts = jnp.split(lhs, blocks)
+        outs = [
+            lax.ragged_dot(p, rhs, s, precision=precision, preferred_element_type=preferred_element_type)
+            for p, s in zip(parts, sizes)
+        ]
+        return jnp.concatenate(outs)
+    return lax.ragged_dot(lhs, rhs, sizes, precision=precision, preferred_element_type=preferred_element_type)
