@@ -79,7 +79,8 @@ def test_bias_gradient_is_flax_reduce_in_the_output_dtype(activation):
     got = grad(b)
     assert got.dtype == jnp.bfloat16
     want = jax.grad(lambda b: jnp.sum(linear_reference(x, w, b, activation=activation) ** 2))(b)
-    assert rel_error(got, want) < tolerance(jnp.bfloat16)
+    # the reduce itself runs in bf16 (as Flax's does), so its sum rounds once per row: two roundings' room
+    assert rel_error(got, want) < 2 * tolerance(jnp.bfloat16)
 
 
 def test_gradient_of_nk_kernel_keeps_its_layout():
