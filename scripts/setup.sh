@@ -16,6 +16,11 @@ PY="$VENV/bin/python"
   "nvidia-cutlass==4.2.0.0" pytest nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm cmake ninja \
   flax optax `# jax_cluster.nn, its tests and examples/train_block.py` \
   ruff==0.17.6 mypy==2.4.1 clang-format==23.1.5  # scripts/lint.sh (pinned: formatters differ by version)
+# tokamax's ragged_dot test base for tests/cpu/test_tokamax_conformance.py, without
+# its profiler and tensorboard dependencies (tests/stubs stands in for xprof)
+"$PY" -m pip install -q --no-deps tokamax==0.0.17 einshape==1.0 qwix==0.1.8 immutabledict==4.3.1 \
+  pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
+  chex==0.1.92 jaxtyping==0.3.11 wadler-lindig==0.1.8 toolz==1.2.0 tqdm==4.70.1
 
 cuda=AUTO
 [ "${JAX_CLUSTER_REQUIRE_KERNELS:-0}" = 1 ] && cuda=ON

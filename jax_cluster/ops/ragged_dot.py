@@ -7,6 +7,7 @@ from jax import lax
 
 from jax_cluster.ops import output_sharding
 from jax_cluster.planning.plan import Plan
+from jax_cluster.primitives.activations import activation_fn
 from jax_cluster.primitives.lowering import clamp_group_sizes
 from jax_cluster.primitives.operands import SUPPORTED_DTYPES
 from jax_cluster.primitives.ragged import ragged
@@ -25,6 +26,7 @@ def ragged_dot(
     out_sharding=None,
     *,
     rhs_layout: str = "gkn",
+    activation=None,
     plan: Plan | None = None,
 ):
     """Grouped GEMM: rows of `lhs` [M,K] split into G consecutive groups, and
@@ -51,6 +53,10 @@ def ragged_dot(
     negative size counts as 0, groups are cut at M (sum > M never reads or
     writes out of bounds) and rows past the last group are zero. The kernel
     and the XLA fallback follow the same rule.
+
+    `activation`: None, a name ("relu", "gelu", "gelu_exact", "silu") or a
+    callable, applied to the product (as tokamax's `activation=`); it runs on
+    XLA after the grouped GEMM, not yet in its epilogue.
 
     `group_offset` (an integer scalar, for expert parallelism): group_sizes
     holds all G groups and rhs only the G_local = rhs.shape[0] groups from
@@ -105,6 +111,8 @@ def ragged_dot(
         row = jnp.arange(lhs.shape[0]) % max(rows, 1)
         keep = (row.reshape(blocks, rows) >= first_row[:, None]).reshape(-1)
         out = jnp.where(keep[:, None], out, jnp.zeros((), out.dtype))
+    if activation is not None:
+        out = (activation_fn(activation) if isinstance(activation, str) else activation)(out)
     if output_sharding.constrains(out_sharding, _WHO):
         out = output_sharding.place(out, out_sharding)
     return out

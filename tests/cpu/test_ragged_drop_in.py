@@ -120,3 +120,18 @@ def test_group_offset_refuses_more_local_groups_than_groups():
     lhs, rhs = operands(groups=4, local=5)
     with pytest.raises(ValueError, match="5 groups but group_sizes only 4"):
         jax_cluster.ragged_dot(lhs, rhs, jnp.asarray([24] * 4, jnp.int32), group_offset=0)
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu", jnp.tanh])
+def test_activation_by_name_or_callable(activation):
+    lhs, rhs = operands(seed=9)
+    sizes = jnp.asarray([16] * 6, jnp.int32)
+    fn = (
+        jax.nn.silu
+        if activation == "silu"
+        else (lambda x: jax.nn.gelu(x, approximate=True))
+        if activation == "gelu"
+        else activation
+    )
+    got = jax_cluster.ragged_dot(lhs, rhs, sizes, activation=activation)
+    assert rel_error(got, fn(lax.ragged_dot(lhs, rhs, sizes, precision="highest"))) < 1e-5

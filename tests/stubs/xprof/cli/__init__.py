@@ -1,0 +1,1 @@
+"""The one name tokamax reads from xprof.cli.tools."""
