@@ -85,6 +85,7 @@ for part in ${STEPS:-tests bench grid}; do
               "$PY" -m jax_cluster.selftest ${SELFTEST_ARGS:-}) 2>&1 | tee "$LOGS/selftest.log" | tail -60 ;;
     fallback) step "jax_cluster's XLA fallback against jnp.dot"
            "$PY" benchmarks/bench_fallback.py --out "$LOGS" 2>&1 | tee "$LOGS/fallback.log" ;;
+    # PYTEST_ARGS is split on spaces: a -k expression with spaces goes in PYTEST_ADDOPTS
     pytest) step "pytest $PYTEST_ARGS"
            "$PYTEST" -q -rs -p no:cacheprovider $PYTEST_ARGS 2>&1 | tee "$LOGS/pytest.log" | tail -15 ;;
     planner) step "planner vs exhaustive timing"
