@@ -86,8 +86,10 @@ def ragged_dot(
     blocks = group_sizes.shape[0] if group_sizes.ndim == 2 else 1
     rows = lhs.shape[0] // blocks if blocks else 0
     # Sizes past the rows change no group's span (each is cut at the rows), so
-    # any integer dtype narrows to int32 without wrapping.
-    sizes = jnp.clip(group_sizes, 0, rows).astype(jnp.int32)
+    # any integer dtype narrows to int32 without wrapping; the bound itself must
+    # fit the sizes' dtype (1000 as an int8 would wrap).
+    top = min(rows, int(jnp.iinfo(group_sizes.dtype).max))
+    sizes = jnp.clip(group_sizes, 0, top).astype(jnp.int32)
     first_row = None
     if group_offset is not None:
         sizes, first_row = _local_groups(sizes, group_offset, rhs.shape[0], rows)

@@ -38,6 +38,14 @@ def test_group_sizes_of_any_integer_dtype(dtype):
     assert rel_error(got, want) < 1e-5
 
 
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.uint8, jnp.int16])
+def test_narrow_size_dtypes_with_more_rows_than_they_hold(dtype):
+    lhs, rhs = operands(m=300, groups=3)
+    sizes = [100, 27, 120]  # 300 rows: past int8's and uint8's range, each size within it
+    got = jax_cluster.ragged_dot(lhs, rhs, jnp.asarray(sizes, dtype))
+    assert rel_error(got, offset_reference(lhs, rhs, sizes, 0)) < 1e-5
+
+
 def test_unsigned_sizes_past_the_rows_are_cut_not_wrapped():
     lhs, rhs = operands(groups=2)
     sizes = jnp.asarray([40, 2**32 - 1], jnp.uint32)  # would wrap to -1 as int32
