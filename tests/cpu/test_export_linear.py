@@ -10,12 +10,12 @@ from jax import export
 
 import jax_cluster
 from jax_cluster import _ffi
-from jax_cluster.planning import tables as variants
+from jax_cluster.planning import tables
 from jax_cluster.planning.device import DeviceInfo
 from jax_cluster.planning.tables import FFI_TARGETS
 
 H200 = DeviceInfo("cuda", "described H200", (9, 0), 132, 232448, 50 << 20)
-FUSED = [v.name for v in variants.load_menu() if v.epilogue == "bias_act" and v.arch == "sm90a"]
+FUSED = [v.name for v in tables.load_menu() if v.epilogue == "bias_act" and v.arch == "sm90a"]
 pytestmark = pytest.mark.skipif(
     not _ffi.with_kernels() or not set(FUSED) & _ffi.compiled_variant_names(),
     reason="built without the fused-epilogue kernels",

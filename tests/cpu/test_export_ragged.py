@@ -11,7 +11,7 @@ from jax import export
 
 import jax_cluster
 from jax_cluster import _ffi
-from jax_cluster.planning import tables as variants
+from jax_cluster.planning import tables
 from jax_cluster.planning.device import DeviceInfo
 from jax_cluster.planning.tables import FFI_TARGETS
 from jax_cluster.primitives import plans
@@ -42,7 +42,7 @@ def calls(text):
 
 def needs_compiled_rows():
     compiled = _ffi.compiled_variant_names()
-    have = {v.problem for v in variants.load_menu() if v.name in compiled and v.arch == "sm90a"}
+    have = {v.problem for v in tables.load_menu() if v.name in compiled and v.arch == "sm90a"}
     if not {"ragged_m", "ragged_k"} <= have:
         pytest.skip("the extension has no compiled sm90a grouped rows")
 

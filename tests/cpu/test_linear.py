@@ -132,11 +132,11 @@ def test_primitive_refuses_an_unknown_layout():
 
 
 def test_plan_for_the_fused_epilogue_picks_only_bias_act_rows():
-    from jax_cluster.planning import tables as variants
+    from jax_cluster.planning import tables
 
-    names = {v.name for v in variants.load_menu() if v.epilogue == "bias_act"}
+    names = {v.name for v in tables.load_menu() if v.epilogue == "bias_act"}
     assert names, "the menu has no bias_act row"
-    for v in variants.load_menu():
+    for v in tables.load_menu():
         if v.epilogue == "bias_act":
             assert v.problem == "dense" and v.name.endswith("_bias_act")
     with pytest.raises(ValueError, match="epilogue must be one of"):

@@ -8,7 +8,7 @@ import pytest
 
 import jax_cluster
 from jax_cluster import _ffi
-from jax_cluster.planning import tables as variants
+from jax_cluster.planning import tables
 from jax_cluster.planning.device import DeviceInfo, arch_for_compute_capability
 from jax_cluster.planning.plan import KERNEL_FIELDS
 
@@ -56,7 +56,7 @@ def test_cpu_device_falls_back():
 @needs_kernels
 def test_h200_plan_is_a_compiled_sm90_variant():
     p = jax_cluster.plan(8192, 8192, 8192, dtype=jnp.bfloat16, device=H200)
-    menu = {v.name: v for v in variants.load_menu()}
+    menu = {v.name: v for v in tables.load_menu()}
     v = menu[p.variant]
     assert p.path == "kernel" and p.arch == "sm90a" == v.arch
     assert (p.tile_m, p.tile_n, p.tile_k, p.cluster_m, p.cluster_n, p.stages) == (
@@ -217,7 +217,7 @@ def test_info_reports_build_and_path():
 
 @needs_kernels
 def test_many_wave_dense_plans_take_the_work_queue_where_a_row_has_one():
-    menu = {v.name: v for v in variants.load_menu()}
+    menu = {v.name: v for v in tables.load_menu()}
     # 31 waves: each static step costs more than a fetch (STATIC_STEP_OVERHEAD)
     dyn = jax_cluster.plan(8192, 16384, 4096, dtype=jnp.bfloat16, device=H200)
     assert dyn.schedule == "dynamic" and menu[dyn.variant].kind == "cooperative_dynamic"
@@ -239,15 +239,14 @@ def test_many_wave_dense_plans_take_the_work_queue_where_a_row_has_one():
 @needs_kernels
 @pytest.mark.parametrize("tiles,clusters", [(1, 66), (65, 66), (66, 66), (67, 66), (131, 66), (500, 66), (7, 3)])
 def test_planner_makespan_matches_the_simulator(tiles, clusters):
-    from jax_cluster.planning.cost_model import DYNAMIC_FETCH_OVERHEAD, STATIC_STEP_OVERHEAD
-    from jax_cluster.planning.cost_model import score as _score
+    from jax_cluster.planning.cost_model import DYNAMIC_FETCH_OVERHEAD, STATIC_STEP_OVERHEAD, score
     from jax_cluster.planning.schedule import simulate, uniform_tiles
 
-    v = next(v for v in variants.load_menu() if v.kind == "cooperative_dynamic")
+    v = next(v for v in tables.load_menu() if v.kind == "cooperative_dynamic")
     m = v.cta_tile_m * v.cluster_m
 
     def modelled(n_tiles, schedule):
-        return _score(v, m, v.tile_n * n_tiles, 4096, 1, clusters, schedule, 1)[0]
+        return score(v, m, v.tile_n * n_tiles, 4096, 1, clusters, schedule, 1)[0]
 
     one_tile = modelled(1, "static")
     for schedule in ("static", "dynamic"):
@@ -264,10 +263,10 @@ def test_planner_makespan_matches_the_simulator(tiles, clusters):
 @needs_kernels
 def test_non_portable_clusters_need_an_opt_in(monkeypatch):
     big = dataclasses.replace(
-        next(v for v in variants.load_menu() if v.arch == "sm100a" and v.problem == "dense"), cluster_m=4, cluster_n=4
+        next(v for v in tables.load_menu() if v.arch == "sm100a" and v.problem == "dense"), cluster_m=4, cluster_n=4
     )
-    menu = variants.load_menu() + (big,)
-    monkeypatch.setattr(variants, "load_menu", lambda: menu)
+    menu = tables.load_menu() + (big,)
+    monkeypatch.setattr(tables, "load_menu", lambda: menu)
     monkeypatch.setattr(_ffi, "compiled_variant_names", lambda: frozenset(v.name for v in menu))
     args = dict(dtype=jnp.bfloat16, device=B200, a_major=big.a_major, b_major=big.b_major)
     p = jax_cluster.plan(8192, 8192, 8192, **args)
@@ -281,14 +280,14 @@ def test_non_portable_clusters_need_an_opt_in(monkeypatch):
     [(8192, 8192, 8192, "compute-bound"), (16, 14336, 4096, "memory-bound"), (128, 8192, 8192, "memory-bound")],
 )
 def test_explain_places_the_problem_against_the_ridge_point(m, n, k, bound):
-    from jax_cluster.planning import cost_model as roofline
+    from jax_cluster.planning import cost_model
 
     h200 = dataclasses.replace(H200, name="NVIDIA H200")
-    point, peak, bandwidth = roofline.ridge(h200)
+    point, peak, bandwidth = cost_model.ridge(h200)
     assert bandwidth == 4.8e12 and point == pytest.approx(peak / 4.8e12)
     # hand-computed: 16x14336x4096 bf16 moves (16*4096 + 4096*14336 + 16*14336) * 2 bytes
     if m == 16:
-        assert roofline.intensity(m, n, k, 1, 2, 2) == pytest.approx(
+        assert cost_model.intensity(m, n, k, 1, 2, 2) == pytest.approx(
             2 * 16 * 14336 * 4096 / ((16 * 4096 + 4096 * 14336 + 16 * 14336) * 2)
         )
     text = jax_cluster.plan(m, n, k, dtype=jnp.bfloat16, device=h200).explain()
@@ -334,10 +333,9 @@ def test_pinned_splits_mean_split_k():
 
 
 def test_memory_time_by_hand():
-    from jax_cluster.planning.cost_model import memory_floor
-    from jax_cluster.planning.cost_model import memory_time as _memory_time
+    from jax_cluster.planning.cost_model import memory_floor, memory_time
 
-    (v,) = [v for v in variants.load_menu() if v.swap_ab and v.tile_m == 64]
+    (v,) = [v for v in tables.load_menu() if v.swap_ab and v.tile_m == 64]
     m, n, k = 64, 4096, 4096
     moved = (m + n) * k * 2 + m * n * 2
     floor = memory_floor(m, n, k, 1, "bf16", "bf16", H200_NAMED)
@@ -345,7 +343,7 @@ def test_memory_time_by_hand():
     assert floor == pytest.approx(moved / 4.8e12 * (989e12 / 132) / (2 * k))
 
     def memory(schedule, splits=1):
-        return _memory_time(v, m, n, k, 1, 132, schedule, 1, splits, floor, H200_NAMED)
+        return memory_time(v, m, n, k, 1, 132, schedule, 1, splits, floor, H200_NAMED)
 
     tile = 64 * 128 * 8  # a partial tile: fp32 out to the workspace and back
     # 32 whole tiles: 32 of 132 SMs stream, 0.95 * 132 are needed to saturate HBM

@@ -13,7 +13,7 @@ from jax import lax
 
 import jax_cluster
 from jax_cluster import _ffi
-from jax_cluster.planning import tables as variants
+from jax_cluster.planning import tables
 from jax_cluster.planning.device import DeviceInfo
 from jax_cluster.primitives.ragged import ragged
 
@@ -24,8 +24,7 @@ F32_TOL = 1e-5
 
 def compiled_ragged_row(problem, arch="sm90a"):
     return any(
-        v.problem == problem and v.arch == arch and v.name in _ffi.compiled_variant_names()
-        for v in variants.load_menu()
+        v.problem == problem and v.arch == arch and v.name in _ffi.compiled_variant_names() for v in tables.load_menu()
     )
 
 
@@ -301,7 +300,7 @@ def test_h200_plan_picks_a_compiled_ragged_row(problem, b_major):
     if not compiled_ragged_row(problem):
         pytest.skip(f"the extension has no compiled sm90a {problem} row")
     p = jax_cluster.plan_ragged(4096, 2048, 1024, 8, problem=problem, dtype=jnp.bfloat16, b_major=b_major, device=H200)
-    v = {v.name: v for v in variants.load_menu()}[p.variant]
+    v = {v.name: v for v in tables.load_menu()}[p.variant]
     assert p.path == "kernel" and v.problem == problem == p.problem and p.groups == 8
     assert (p.a_major, p.b_major) == (v.a_major, v.b_major) == ("k" if problem == "ragged_m" else "m", b_major)
     assert (p.schedule, p.raster, p.swizzle, p.splits) == ("dynamic", "along_m", 1, 1)
@@ -317,7 +316,7 @@ def test_b200_plan_picks_the_clc_grouped_row(problem, b_major):
     if not compiled_ragged_row(problem, "sm100a"):
         pytest.skip(f"the extension has no compiled sm100a {problem} row")
     p = jax_cluster.plan_ragged(4096, 2048, 1024, 8, problem=problem, dtype=jnp.bfloat16, b_major=b_major, device=B200)
-    v = {v.name: v for v in variants.load_menu()}[p.variant]
+    v = {v.name: v for v in tables.load_menu()}[p.variant]
     assert p.path == "kernel" and p.arch == "sm100a" and v.kind == "2sm_grouped_clc"
     assert v.problem == problem and (p.a_major, p.b_major) == (v.a_major, v.b_major)
     assert (p.schedule, p.mma, p.cluster_m, p.cluster_n) == ("clc", "2cta", 2, 1)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from jax_cluster.tuning import timing as _timing
+from jax_cluster.tuning import timing
 
 
 def test_kernel_listing_adds_up_to_the_timed_call(monkeypatch):
@@ -20,21 +20,21 @@ def test_kernel_listing_adds_up_to_the_timed_call(monkeypatch):
         return lambda args_list: (None, runs)
 
     monkeypatch.setattr(profiler, "measure", measure)
-    monkeypatch.setattr(_timing, "_warm", lambda *a: None)
-    call_ms, kernels = _timing.cupti_kernels(lambda x: x, [(1,), (2,)], iterations=3)
+    monkeypatch.setattr(timing, "_warm", lambda *a: None)
+    call_ms, kernels = timing.cupti_kernels(lambda x: x, [(1,), (2,)], iterations=3)
     assert seen == dict(aggregate=False, iterations=3)
     # per-iteration sums 7.0, 7.6, 6.4 -> median 7.0 over 2 sets
     assert call_ms == pytest.approx(3.5)
     assert kernels == [("gemm", pytest.approx(3.0)), ("fusion", pytest.approx(0.5))]
-    assert _timing.cupti_ms(lambda x: x, [(1,), (2,)], iterations=3) == pytest.approx(3.5)
+    assert timing.cupti_ms(lambda x: x, [(1,), (2,)], iterations=3) == pytest.approx(3.5)
 
 
 def test_no_kernels_is_an_error(monkeypatch):
     profiler = pytest.importorskip("jax.experimental.mosaic.gpu.profiler")
     monkeypatch.setattr(profiler, "measure", lambda fn, **kw: lambda args_list: (None, None))
-    monkeypatch.setattr(_timing, "_warm", lambda *a: None)
+    monkeypatch.setattr(timing, "_warm", lambda *a: None)
     with pytest.raises(RuntimeError, match="no kernel launches"):
-        _timing.cupti_kernels(lambda x: x, [(1,)], iterations=2)
+        timing.cupti_kernels(lambda x: x, [(1,)], iterations=2)
 
 
 def test_span_is_per_call_over_one_sync(monkeypatch):
@@ -43,6 +43,6 @@ def test_span_is_per_call_over_one_sync(monkeypatch):
     import jax.numpy as jnp
 
     clock = iter([100.0, 140.0])
-    monkeypatch.setattr(_timing.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
     x = jnp.ones(4)
-    assert _timing.span_ms(lambda v: v + 1, [(x,), (x,)], calls=10) == pytest.approx(2000.0)
+    assert timing.span_ms(lambda v: v + 1, [(x,), (x,)], calls=10) == pytest.approx(2000.0)
