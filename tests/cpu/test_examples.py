@@ -47,7 +47,8 @@ def test_train_block_measures_curves_against_the_first_loss():
         train_block.curve_difference([1.0], [1.0, 2.0])
 
 
-def test_expert_parallel_matches_dense_reference():
-    run = run_example("expert_parallel.py")
+@pytest.mark.parametrize("dispatch", ["all_to_all", "gather"])
+def test_expert_parallel_matches_dense_reference(dispatch):
+    run = run_example("expert_parallel.py", "--dispatch", dispatch)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "8 devices" in run.stdout
+    assert f"{dispatch}: 8 devices" in run.stdout
