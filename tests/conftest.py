@@ -1,5 +1,5 @@
-"""Shared by the three test folders: cpu/ (no GPU, no kernels needed), build/
-(the compiled extension and its machine code) and gpu/ (a Hopper or Blackwell
+"""Shared by the three test folders: cpu/ (no GPU, no kernels needed), native/
+(the build: the compiled extension and its machine code) and gpu/ (a Hopper or Blackwell
 GPU with kernels for it; every test there carries the `gpu` marker and skips
 with the reason below)."""
 

@@ -133,93 +133,36 @@ def record(key: str, entry: dict, path: pathlib.Path | None = None) -> pathlib.P
     return path
 
 
-def lookup(
-    m: int,
-    n: int,
-    k: int,
-    *,
-    dtype,
-    out_dtype=None,
-    batch: int = 1,
-    a_major: str = "k",
-    b_major: str = "n",
-    device_info: DeviceInfo,
-) -> dict | None:
-    """The cached overrides for this problem, or None (also whenever reading is off)."""
-    if not reading_enabled() or device_info.platform != "cuda":
-        return None
-    key = cache_key(
-        m,
-        n,
-        k,
-        dtype=dtype,
-        out_dtype=out_dtype,
-        batch=batch,
-        a_major=a_major,
-        b_major=b_major,
-        device_info=device_info,
-    )
+def _cached_overrides(key: str) -> dict | None:
     entry = load_entries().get(key)
     if not isinstance(entry, dict) or not isinstance(entry.get("overrides"), dict):
         return None
     return dict(entry["overrides"])
 
 
-def plan_from_cache(
-    m: int,
-    n: int,
-    k: int,
-    *,
-    dtype,
-    out_dtype=None,
-    batch: int = 1,
-    a_major: str = "k",
-    b_major: str = "n",
-    device_info: DeviceInfo,
-) -> Plan | None:
+def lookup(m: int, n: int, k: int, *, device_info: DeviceInfo, **problem) -> dict | None:
+    """The cached overrides for this problem (`problem`: cache_key's dtype,
+    out_dtype, batch, a_major, b_major), or None; also whenever reading is off."""
+    if not reading_enabled() or device_info.platform != "cuda":
+        return None
+    return _cached_overrides(cache_key(m, n, k, device_info=device_info, **problem))
+
+
+def plan_from_cache(m: int, n: int, k: int, *, device_info: DeviceInfo, **problem) -> Plan | None:
     """The plan the cached overrides give, noted as such; None without an entry.
 
     An entry the planner now rejects (a variant no longer compiled, say) is
     ignored with a warning rather than failing every call of that shape.
     """
-    overrides = lookup(
-        m,
-        n,
-        k,
-        dtype=dtype,
-        out_dtype=out_dtype,
-        batch=batch,
-        a_major=a_major,
-        b_major=b_major,
-        device_info=device_info,
-    )
+    if not reading_enabled() or device_info.platform != "cuda":
+        return None
+    key = cache_key(m, n, k, device_info=device_info, **problem)
+    overrides = _cached_overrides(key)
     if not overrides:
         return None
     try:
-        plan = plan_gemm(
-            m,
-            n,
-            k,
-            dtype=dtype,
-            out_dtype=out_dtype,
-            batch=batch,
-            a_major=a_major,
-            b_major=b_major,
-            device=device_info,
-            **overrides,
-        )
+        plan = plan_gemm(m, n, k, device=device_info, **problem, **overrides)
     except (TypeError, ValueError) as exc:
-        key = cache_key(
-            m,
-            n,
-            k,
-            dtype=dtype,
-            out_dtype=out_dtype,
-            batch=batch,
-            a_major=a_major,
-            b_major=b_major,
-            device_info=device_info,
-        )
         if key not in _warned_stale:
             _warned_stale.add(key)
             warnings.warn(

@@ -1,5 +1,6 @@
 """What the build produced: kernels for both architectures, as SASS; and what
 its generators (cc/gen_contract.py, cc/gen_variants.py) make of the tables."""
+
 import json
 import os
 import pathlib
@@ -9,10 +10,10 @@ import subprocess
 import sys
 
 import pytest
+import sass
 
 from jax_cluster import _ffi
 from jax_cluster.planning import tables
-import sass
 
 # scripts/test.sh sets this: CI's machine has nvcc, so a build without kernels is a failure there.
 REQUIRE = os.environ.get("JAX_CLUSTER_REQUIRE_KERNELS") == "1"
@@ -48,9 +49,20 @@ DEFINED = re.compile(r"const VariantOps& ops_(\w+)\(\) \{ return (.*)::ops; \}")
 
 def generate(out_dir, archs: str, pattern: str = "", unit_size: int = 1) -> dict[str, dict]:
     """Runs the build's generator; unit file stem -> {row name: template}."""
-    out = subprocess.run([sys.executable, str(ROOT / "cc" / "gen_variants.py"), str(PLANNING),
-                          str(out_dir), archs, pattern, str(unit_size)],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "cc" / "gen_variants.py"),
+            str(PLANNING),
+            str(out_dir),
+            archs,
+            pattern,
+            str(unit_size),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     sources = [line.split("|")[1] for line in out.splitlines() if not line.startswith("table|")]
     return {pathlib.Path(s).stem: dict(DEFINED.findall(pathlib.Path(s).read_text())) for s in sources}
 
@@ -74,8 +86,7 @@ def test_units_hold_rows_of_one_kind(tmp_path):
     assert sorted(names) == sorted(menu)
     for stem, rows in units.items():
         assert 1 <= len(rows) <= 4, stem
-        assert len({(menu[n].arch, menu[n].family, menu[n].kind, menu[n].cluster_size > 1)
-                    for n in rows}) == 1, stem
+        assert len({(menu[n].arch, menu[n].family, menu[n].kind, menu[n].cluster_size > 1) for n in rows}) == 1, stem
     assert len(units) < len(menu) / 2
     again = generate(tmp_path, "sm90a", unit_size=1)  # a smaller build drops the stale units
     assert {p.stem for p in tmp_path.glob("*.cu")} == set(again)
@@ -88,19 +99,23 @@ def test_swapped_rows_instantiate_the_transposed_problem(tmp_path):
     A, A [M,K] a k-major B, and the tile's M and N trade places."""
     swapped = [v for v in tables.load_menu() if v.swap_ab]
     assert len(swapped) >= 2  # the 64- and 32-row tiles
-    templates = {name: t for rows in generate(tmp_path, "sm90a", "swapab$").values()
-                 for name, t in rows.items()}
+    templates = {name: t for rows in generate(tmp_path, "sm90a", "swapab$").values() for name, t in rows.items()}
     for v in swapped:
-        want = (f"cutlass::layout::ColumnMajor, cutlass::layout::ColumnMajor, {v.tile_n}, "
-                f"{v.tile_m}, {v.tile_k}, {v.cluster_n}, {v.cluster_m}, {v.stages}, "
-                "sm90::Cooperative, PlainEpilogue, true>")
+        want = (
+            f"cutlass::layout::ColumnMajor, cutlass::layout::ColumnMajor, {v.tile_n}, "
+            f"{v.tile_m}, {v.tile_k}, {v.cluster_n}, {v.cluster_m}, {v.stages}, "
+            "sm90::Cooperative, PlainEpilogue, true>"
+        )
         assert (v.a_major, v.b_major) == ("k", "n") and want in templates[v.name], v.name
 
 
-@pytest.mark.parametrize("change", [dict(epilogue="bias_act"), dict(kind="cooperative_dynamic"),
-                                    dict(family="sm100_gemm_tcgen05_persistent")])
+@pytest.mark.parametrize(
+    "change",
+    [dict(epilogue="bias_act"), dict(kind="cooperative_dynamic"), dict(family="sm100_gemm_tcgen05_persistent")],
+)
 def test_swap_ab_needs_a_plain_sm90_cooperative_row(change, tmp_path):
     import json
+
     menu = json.loads(tables.MENU_PATH.read_text())
     row = next(r for r in menu["variants"] if r.get("swap_ab"))
     menu["variants"] = [{**row, **change}]
@@ -114,8 +129,12 @@ CONTRACT = json.loads((PLANNING / "contract.json").read_text())
 
 
 def generate_contract(out_dir) -> pathlib.Path:
-    subprocess.run([sys.executable, str(ROOT / "cc" / "gen_contract.py"), str(PLANNING), str(out_dir)],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [sys.executable, str(ROOT / "cc" / "gen_contract.py"), str(PLANNING), str(out_dir)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return pathlib.Path(out_dir) / "common" / "contract.h"
 
 
@@ -133,8 +152,9 @@ def test_contract_header_names_every_table_entry(tmp_path):
         assert f"X({cpp_type[kind]}, {name})" in text, name
     for enum, key in (("Schedule", "schedules"), ("Raster", "rasters"), ("Activation", "activations")):
         names = CONTRACT[key]
-        assert f"enum class {enum} : int {{ " + ", ".join(
-            f"{camel(n)} = {i}" for i, n in enumerate(names)) + " };" in text, enum
+        assert (
+            f"enum class {enum} : int {{ " + ", ".join(f"{camel(n)} = {i}" for i, n in enumerate(names)) + " };" in text
+        ), enum
         assert f"k{enum}Names[] = {{" + ", ".join(f'"{n}"' for n in names) + "};" in text, enum
     assert "kSwizzles[] = {" + ", ".join(map(str, CONTRACT["swizzles"])) + "};" in text
     for arch, d in CONTRACT["archs"].items():
@@ -154,12 +174,13 @@ def test_contract_header_names_every_table_entry(tmp_path):
 def test_contract_header_compiles_with_the_table_values(tmp_path):
     """The enumerator values are list positions, and the names read back."""
     header = generate_contract(tmp_path)
-    checks = [f"static_assert(index_of(k{enum}Names, \"{n}\") == {i});\n"
-              f"static_assert(static_cast<int>({enum}::{camel(n)}) == {i});\n"
-              f"static_assert(name({enum}::{camel(n)}) == \"{n}\");"
-              for enum, key in (("Schedule", "schedules"), ("Raster", "rasters"),
-                                ("Activation", "activations"))
-              for i, n in enumerate(CONTRACT[key])]
+    checks = [
+        f'static_assert(index_of(k{enum}Names, "{n}") == {i});\n'
+        f"static_assert(static_cast<int>({enum}::{camel(n)}) == {i});\n"
+        f'static_assert(name({enum}::{camel(n)}) == "{n}");'
+        for enum, key in (("Schedule", "schedules"), ("Raster", "rasters"), ("Activation", "activations"))
+        for i, n in enumerate(CONTRACT[key])
+    ]
     source = tmp_path / "check.cc"
     source.write_text(f'#include "{header}"\nnamespace jax_cluster {{\n' + "\n".join(checks) + "\n}\n")
     subprocess.run(["c++", "-std=c++17", "-fsyntax-only", str(source)], check=True)
@@ -169,13 +190,17 @@ def test_no_hand_copy_of_the_contract_in_cc():
     """The C++ sources take these tables from the generated header only: no string
     literal names a schedule, raster, activation, arch or FFI target, and no
     source defines the plan fields, the enums or an arch's capability."""
-    names = (CONTRACT["schedules"] + CONTRACT["rasters"] + CONTRACT["activations"]
-             + list(CONTRACT["archs"]) + list(CONTRACT["ffi_targets"].values()))
+    names = (
+        CONTRACT["schedules"]
+        + CONTRACT["rasters"]
+        + CONTRACT["activations"]
+        + list(CONTRACT["archs"])
+        + list(CONTRACT["ffi_targets"].values())
+    )
     # "none" is an epilogue name too, which C++ compares with the variant table's;
     # messages may use "static" and "dynamic" as words, not as a literal of their own.
     english = {"static", "dynamic"}
-    word = re.compile(r"\b(" + "|".join(re.escape(n) for n in names
-                                        if n not in english | {"none"}) + r")\b")
+    word = re.compile(r"\b(" + "|".join(re.escape(n) for n in names if n not in english | {"none"}) + r")\b")
     exact = {f'"{n}"' for n in english}
     found = []
     for path in sorted((ROOT / "cc").rglob("*")):
@@ -186,8 +211,14 @@ def test_no_hand_copy_of_the_contract_in_cc():
         for literal in re.findall(r'"(?:[^"\\\n]|\\.)*"', code):
             if word.search(literal) or literal in exact:
                 found.append(f"{path.relative_to(ROOT)}: {literal}")
-        for copy in ("#define JAX_CLUSTER_PLAN_FIELDS", "enum class Schedule", "enum class Raster",
-                     "enum class Activation", "10, 3", "minor == 3"):
+        for copy in (
+            "#define JAX_CLUSTER_PLAN_FIELDS",
+            "enum class Schedule",
+            "enum class Raster",
+            "enum class Activation",
+            "10, 3",
+            "minor == 3",
+        ):
             if copy in code:
                 found.append(f"{path.relative_to(ROOT)}: {copy}")
     assert not found, "hand-written copies of contract.json:\n" + "\n".join(found)
@@ -199,7 +230,10 @@ def test_compile_progress_names_the_unit_and_keeps_the_exit_status(tmp_path):
     units = tmp_path / "units.txt"
     units.write_text("/gen/first_0.cu\n/gen/second_0.cu\n")
     compiler = [sys.executable, "-c", "import sys; sys.exit(3)", "-c", "/gen/second_0.cu"]
-    run = subprocess.run([sys.executable, str(ROOT / "cc" / "compile_progress.py"), str(units), *compiler],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "cc" / "compile_progress.py"), str(units), *compiler],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 3
     assert re.fullmatch(r"\[jax_cluster\] failed to compile unit 2/2 in \d+ s: second_0\n", run.stdout)

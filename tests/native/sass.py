@@ -1,4 +1,5 @@
 """Finds the built extension and disassembles it with cuobjdump."""
+
 import os
 import pathlib
 import shutil
@@ -7,6 +8,7 @@ import subprocess
 
 def extension_path() -> pathlib.Path:
     from jax_cluster import _ext
+
     return pathlib.Path(_ext.__file__)
 
 
@@ -29,8 +31,7 @@ def run_on(path, *args: str) -> str:
     """cuobjdump ARGS PATH; the wheel's nvdisasm, which --dump-sass needs, sits beside it."""
     tool = cuobjdump()
     env = dict(os.environ, PATH=str(pathlib.Path(tool).parent) + os.pathsep + os.environ["PATH"])
-    return subprocess.run([tool, *args, str(path)], check=True, capture_output=True, text=True,
-                          env=env).stdout
+    return subprocess.run([tool, *args, str(path)], check=True, capture_output=True, text=True, env=env).stdout
 
 
 def run(*args: str) -> str:

@@ -3,17 +3,20 @@ extension: each generated instantiation carries a marker symbol naming its
 menu row, so each embedded cubin is matched to the rows compiled into it. A
 cubin holds the rows of one build unit (cc/gen_variants.py), which share one
 contract, so every GEMM kernel in it must satisfy that contract."""
+
 import re
 import subprocess
 
 import pytest
+import sass
 
 from jax_cluster import _ffi
 from jax_cluster.planning import tables
-import sass
 
-pytestmark = [pytest.mark.skipif(not _ffi.with_kernels(), reason="built without kernels"),
-              pytest.mark.skipif(sass.cuobjdump() is None, reason="cuobjdump not installed")]
+pytestmark = [
+    pytest.mark.skipif(not _ffi.with_kernels(), reason="built without kernels"),
+    pytest.mark.skipif(sass.cuobjdump() is None, reason="cuobjdump not installed"),
+]
 
 MARKER = re.compile(r"jax_cluster_variant_(\w+)")
 FUNCTION = re.compile(r"^\s*Function : (\S+)\s*$", re.MULTILINE)
@@ -75,8 +78,9 @@ def gemm_kernels(sass_text: str) -> list[str]:
 def sass_by_variant(tmp_path_factory):
     """Variant name -> the SASS of every GEMM kernel in the cubin it was built into."""
     out = tmp_path_factory.mktemp("cubins")
-    subprocess.run([sass.cuobjdump(), "-xelf", "all", str(sass.extension_path())], cwd=out,
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sass.cuobjdump(), "-xelf", "all", str(sass.extension_path())], cwd=out, check=True, capture_output=True
+    )
     menu = {v.name: v for v in tables.load_menu()}
     found = {}
     for cubin in sorted(out.glob("*.cubin")):
@@ -90,8 +94,7 @@ def sass_by_variant(tmp_path_factory):
         assert target, f"cannot read the target of {cubin.name}"
         archs = {menu[n].arch for n in names}
         assert archs == {f"sm{target.group(1)}"}, f"{cubin.name} ({target.group(1)}) holds rows of {archs}: {names}"
-        contracts = {(tuple(sorted(required(menu[n]))), tuple(sorted(forbidden(menu[n]))))
-                     for n in names}
+        contracts = {(tuple(sorted(required(menu[n]))), tuple(sorted(forbidden(menu[n])))) for n in names}
         assert len(contracts) == 1, f"{cubin.name} mixes rows of different contracts: {names}"
         found.update(dict.fromkeys(names, kernels))
     return found
@@ -106,21 +109,17 @@ def test_variant_contains_its_instructions(v, sass_by_variant):
     if v.name not in _ffi.compiled_variant_names():
         pytest.skip(f"{v.arch} not built")
     for text in sass_by_variant[v.name]:
-        missing = [f"{why} ({pattern})" for pattern, why in required(v).items()
-                   if not re.search(pattern, text)]
+        missing = [f"{why} ({pattern})" for pattern, why in required(v).items() if not re.search(pattern, text)]
         assert not missing, f"a kernel built with {v.name} lacks: " + "; ".join(missing)
-        wrong = [f"{why} ({pattern})" for pattern, why in forbidden(v).items()
-                 if re.search(pattern, text)]
+        wrong = [f"{why} ({pattern})" for pattern, why in forbidden(v).items() if re.search(pattern, text)]
         assert not wrong, f"a kernel built with {v.name} contains: " + "; ".join(wrong)
 
 
-@pytest.mark.parametrize("v", [v for v in tables.load_menu() if v.family == "sm100_grouped_gemm"],
-                         ids=lambda v: v.name)
+@pytest.mark.parametrize("v", [v for v in tables.load_menu() if v.family == "sm100_grouped_gemm"], ids=lambda v: v.name)
 def test_clc_grouped_rows_check_pair_clc_and_descriptors(v):
     """The rules above give every sm100 grouped row the whole contract of its design."""
     need, never = required(v), forbidden(v)
-    for pattern in (r"\bUTC\w*MMA\.2CTA", r"\bUTMALDG\.[\w.]*2CTA", r"\bUGETNEXTWORKID",
-                    DESCRIPTOR_ACQUIRE):
+    for pattern in (r"\bUTC\w*MMA\.2CTA", r"\bUTMALDG\.[\w.]*2CTA", r"\bUGETNEXTWORKID", DESCRIPTOR_ACQUIRE):
         assert pattern in need, f"{v.name}: {pattern} not required"
     assert WORK_QUEUE_FETCH in never, f"{v.name}: the work-queue atomic is not forbidden"
 
@@ -132,8 +131,7 @@ def test_clc_grouped_rows_check_pair_clc_and_descriptors(v):
 MAX_ACTIVATION_JUMP_TABLES = 16
 
 
-@pytest.mark.parametrize("v", [v for v in tables.load_menu() if v.epilogue == "bias_act"],
-                         ids=lambda v: v.name)
+@pytest.mark.parametrize("v", [v for v in tables.load_menu() if v.epilogue == "bias_act"], ids=lambda v: v.name)
 def test_fused_activation_branches_once_per_subtile(v, sass_by_variant):
     if v.name not in _ffi.compiled_variant_names():
         pytest.skip(f"{v.arch} not built")

@@ -1,5 +1,6 @@
 """The CUDA lowering, checked without a GPU: export for platform cuda and read
 the custom call and its plan attribute in the StableHLO."""
+
 import re
 
 import jax
@@ -8,9 +9,9 @@ import pytest
 from jax import export
 
 import jax_cluster
-from jax_cluster.planning.tables import FFI_TARGETS
 from jax_cluster import _ffi
 from jax_cluster.planning.device import DeviceInfo
+from jax_cluster.planning.tables import FFI_TARGETS
 
 pytestmark = pytest.mark.skipif(not _ffi.with_kernels(), reason="built without kernels")
 H200 = DeviceInfo("cuda", "described H200", (9, 0), 132, 232448, 50 << 20)
@@ -28,9 +29,8 @@ def spec(shape, dtype=jnp.bfloat16):
 def test_kernel_call_carries_the_plan():
     p = jax_cluster.plan(512, 1024, 2048, dtype=jnp.bfloat16, device=H200)
     assert p.path == "kernel"
-    text = export_text(lambda a, b: jax_cluster.matmul(a, b, plan=p), spec((512, 2048)),
-                       spec((2048, 1024)))
-    assert f"stablehlo.custom_call @{FFI_TARGETS["gemm"]}" in text
+    text = export_text(lambda a, b: jax_cluster.matmul(a, b, plan=p), spec((512, 2048)), spec((2048, 1024)))
+    assert f"stablehlo.custom_call @{FFI_TARGETS['gemm']}" in text
     for field, value in p.ffi_attrs().items():
         rendered = f'"{value}"' if isinstance(value, str) else f"{int(value)} : i64"
         assert re.search(rf"\b{field} = {re.escape(rendered)}", text), (field, rendered)
@@ -41,10 +41,16 @@ def test_kernel_call_carries_the_plan():
 
 def test_gradient_uses_the_kernel_with_flipped_layouts():
     a, b = spec((256, 512)), spec((512, 384))
-    f = jax.grad(lambda a, b: jax_cluster.matmul(a, b, plan=jax_cluster.plan(
-        256, 384, 512, dtype=jnp.bfloat16, device=H200)).astype(jnp.float32).sum(), argnums=(0, 1))
+    f = jax.grad(
+        lambda a, b: (
+            jax_cluster.matmul(a, b, plan=jax_cluster.plan(256, 384, 512, dtype=jnp.bfloat16, device=H200))
+            .astype(jnp.float32)
+            .sum()
+        ),
+        argnums=(0, 1),
+    )
     text = export_text(f, a, b)
-    assert text.count(f"@{FFI_TARGETS["gemm"]}") >= 2  # both gradients (the forward may be dropped)
+    assert text.count(f"@{FFI_TARGETS['gemm']}") >= 2  # both gradients (the forward may be dropped)
     assert "_mn_" in text  # the weight gradient reads A transposed in place
     assert "stablehlo.transpose" not in text
 
