@@ -32,6 +32,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import common  # noqa: E402
 
 import jax_cluster  # noqa: E402
+from jax_cluster.primitives.gemm import gemm  # noqa: E402
 from jax_cluster.tuning import timing  # noqa: E402
 from jax_cluster.tuning.accuracy import relative_error  # noqa: E402
 
@@ -116,41 +117,76 @@ def dimension_numbers(layout):
     return (((1 if a_major == "k" else 0,), (1 if b_major == "k" else 0,)), ((), ()))
 
 
-def measure(row, dtype, iterations):
+def measure(row, dtype, iterations, both_paths):
+    """XLA's dot, the kernel the planner picks before routing (`kernel_ms`,
+    the evidence a routing rule is fitted on) and what a default call runs
+    (`jc_ms`: the same kernel, or XLA's dot where the routing rule sends it).
+    `both_paths` also times the call forced onto its XLA path (`routed_xla_ms`),
+    so a rule fitted afterwards can be scored on paths measured in this run."""
     m, n, k, layout = row["m"], row["n"], row["k"], row["layout"]
     dims = dimension_numbers(layout)
     args = operands(jax.random.key(m * 7 + n * 3 + k), m, n, k, layout, dtype)
+    a_major, b_major = MAJORS[layout]
+    plan = jax_cluster.plan(m, n, k, dtype=dtype, a_major=a_major, b_major=b_major)
+    kernel_plan = jax_cluster.plan(m, n, k, dtype=dtype, a_major=a_major, b_major=b_major, route="kernel")
 
     def ours(a, b):
         return jax_cluster.dot_general(a, b, dims)
 
+    def kernel(a, b):
+        return gemm(a, b, a_major=a_major, b_major=b_major, plan=kernel_plan)
+
     def xla(a, b):
         return jax.lax.dot_general(a, b, dims, preferred_element_type=dtype)
 
-    err = float(relative_error(jax.jit(ours)(*args[0]), jax.jit(xla)(*args[0]).astype(jnp.float32)))
-    a_major, b_major = MAJORS[layout]
-    plan = jax_cluster.plan(m, n, k, dtype=dtype, a_major=a_major, b_major=b_major)
+    want = jax.jit(xla)(*args[0]).astype(jnp.float32)
+    err = float(relative_error(jax.jit(ours)(*args[0]), want))
+    kernel_err = float(relative_error(jax.jit(kernel)(*args[0]), want))
+    xla_ms = timing.cupti_ms(xla, args, iterations)
+    kernel_ms = timing.cupti_ms(kernel, args, iterations) if kernel_plan.uses_kernel else None
+    routed_xla_ms = None
+    if both_paths:
+        xla_path = jax_cluster.plan(m, n, k, dtype=dtype, a_major=a_major, b_major=b_major, path="xla")
+        routed_xla_ms = timing.cupti_ms(
+            lambda a, b: gemm(a, b, a_major=a_major, b_major=b_major, plan=xla_path), args, iterations
+        )
+    same = plan.uses_kernel and plan.variant == kernel_plan.variant and plan.schedule == kernel_plan.schedule
+    if same:
+        jc_ms = kernel_ms
+    elif not plan.uses_kernel and routed_xla_ms is not None:
+        jc_ms = routed_xla_ms
+    else:
+        jc_ms = timing.cupti_ms(ours, args, iterations)
     return dict(
         row,
-        xla_ms=timing.cupti_ms(xla, args, iterations),
-        jc_ms=timing.cupti_ms(ours, args, iterations),
+        xla_ms=xla_ms,
+        jc_ms=jc_ms,
+        kernel_ms=kernel_ms,
+        routed_xla_ms=routed_xla_ms,
         path=plan.path,
-        variant=plan.variant,
-        schedule=plan.schedule,
+        variant=kernel_plan.variant,
+        schedule=kernel_plan.schedule,
+        waves=kernel_plan.waves,
+        memory_bound=kernel_plan.memory_bound,
+        predicted_efficiency=kernel_plan.predicted_efficiency,
         reason=plan.reason,
         rel_err_vs_xla=err,
+        kernel_rel_err_vs_xla=kernel_err,
     )
 
 
 def summary(rows):
-    def geomean(rs):
-        return math.exp(sum(math.log(r["xla_ms"] / r["jc_ms"]) for r in rs) / len(rs)) if rs else None
+    def geomean(rs, key="jc_ms"):
+        rs = [r for r in rs if r.get(key)]
+        return math.exp(sum(math.log(r["xla_ms"] / r[key]) for r in rs) / len(rs)) if rs else None
 
     held = [r for r in rows if r["held_out"]]
     return {
         "geomean_speedup": geomean(rows),
         "geomean_speedup_held_out": geomean(held),
         "min_speedup_held_out": min((r["xla_ms"] / r["jc_ms"] for r in held), default=None),
+        "geomean_speedup_kernel_everywhere": geomean(rows, "kernel_ms"),
+        "kernel_rows": sum(r["path"] == "kernel" for r in rows),
         "rows": len(rows),
         "held_out_rows": len(held),
     }
@@ -176,9 +212,14 @@ def main():
     parser.add_argument("--part", default="0/1", help="I/N: every Nth row of the suite, from row I")
     parser.add_argument("--merge", action="store_true", help="keep the rows of an earlier run in --out")
     parser.add_argument("--list", action="store_true", help="print the rows and exit (no GPU)")
+    parser.add_argument("--rows", choices=("all", "fit", "held_out"), default="all", help="which families to run")
+    parser.add_argument(
+        "--both-paths", action="store_true", help="also time each call forced onto XLA's path (to fit a rule)"
+    )
     args = parser.parse_args()
     first, count = (int(x) for x in args.part.split("/"))
-    rows = suite()[first::count]
+    rows = [r for r in suite() if args.rows == "all" or r["held_out"] == (args.rows == "held_out")]
+    rows = rows[first::count]
     if args.list:
         for r in rows:
             print(
@@ -193,7 +234,7 @@ def main():
         for r in json.loads((out / "dense_suite.json").read_text())["rows"]:
             done[(r["model"], r["layer"], r["tokens"], r["layout"])] = r
     for r in rows:
-        r = measure(r, jnp.bfloat16, args.iterations)
+        r = measure(r, jnp.bfloat16, args.iterations, args.both_paths)
         done[(r["model"], r["layer"], r["tokens"], r["layout"])] = r
         print(
             f"{r['model']:<14} {r['layer']:<8} T={r['tokens']:<6} {r['layout']} XLA {r['xla_ms']:.4f} ms, "

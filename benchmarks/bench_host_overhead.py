@@ -4,7 +4,8 @@ A jit runs a chain of small GEMMs (a few microseconds of device time each);
 it is called back to back and synced once, so the wall time per GEMM is the
 dispatch cost wherever that exceeds the kernel. Device time (CUPTI) is listed
 beside it. XLA_FLAGS apply as given: run it again with
-XLA_FLAGS=--xla_gpu_enable_command_buffer= to see XLA's command buffers' share.
+XLA_FLAGS=--xla_gpu_enable_command_buffer= to see XLA's command buffers' share,
+and with JAX_CLUSTER_COMMAND_BUFFERS=0 to keep the kernel calls out of them.
 
     python benchmarks/bench_host_overhead.py --out benchmarks/results/h200
 """
@@ -24,6 +25,7 @@ import jax.numpy as jnp
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import common  # noqa: E402
 
+from jax_cluster import _ffi  # noqa: E402
 from jax_cluster.planning.dense import plan_gemm  # noqa: E402
 from jax_cluster.primitives.gemm import gemm  # noqa: E402
 from jax_cluster.tuning import timing  # noqa: E402
@@ -93,6 +95,8 @@ def main():
         "device": common.device_name(),
         "jax_version": jax.__version__,
         "xla_flags": flags,
+        # False: JAX_CLUSTER_COMMAND_BUFFERS=0, each kernel call its own thunk
+        "jax_cluster_command_buffers": _ffi.command_buffers_enabled(),
         "notes": [
             "wall_us: median over interleaved rounds of 50 back-to-back calls of a "
             "jit holding a chain of GEMMs, synced once, per GEMM",
@@ -111,7 +115,10 @@ def main():
             flush=True,
         )
     if args.out:
-        common.write_results(args.out, common.results_stem("host_overhead_bf16", flags), payload, plot)
+        stem = common.results_stem("host_overhead_bf16", flags)
+        if not _ffi.command_buffers_enabled():
+            stem += "_thunks"
+        common.write_results(args.out, stem, payload, plot)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@
 #include "dispatch/gemm_dispatch.h"
 #include "ffi/gemm_epilogue_ffi.h"
 #include "ffi/gemm_ffi.h"
+#include "ffi/plan_state.h"
 #include "ffi/ragged_ffi.h"
 #endif
 
@@ -46,11 +47,30 @@ nb::list cluster_tile_order(uint32_t tiles_m, uint32_t tiles_n, uint32_t batches
 
 #if JAX_CLUSTER_WITH_CUDA
 
-nb::dict registrations() {
+nb::capsule capsule(const void* p) { return nb::capsule(const_cast<void*>(p)); }
+
+// One target's stage handlers, as jax.ffi.register_ffi_target takes them.
+nb::dict stages(const HandlerBundle& h, bool command_buffers) {
   nb::dict out;
-  out[kGemmTarget] = nb::capsule(reinterpret_cast<void*>(gemm_ffi_handler()));
-  out[kGemmEpilogueTarget] = nb::capsule(reinterpret_cast<void*>(gemm_epilogue_ffi_handler()));
-  out[kRaggedDotTarget] = nb::capsule(reinterpret_cast<void*>(ragged_ffi_handler()));
+  out["instantiate"] = capsule(reinterpret_cast<const void*>(h.instantiate));
+  out["execute"] = capsule(
+      reinterpret_cast<const void*>(command_buffers ? h.execute : h.execute_outside_graphs));
+  return out;
+}
+
+nb::dict registrations(bool command_buffers) {
+  nb::dict out;
+  out[kGemmTarget] = stages(gemm_ffi_handlers(), command_buffers);
+  out[kGemmEpilogueTarget] = stages(gemm_epilogue_ffi_handlers(), command_buffers);
+  out[kRaggedDotTarget] = stages(ragged_ffi_handlers(), command_buffers);
+  return out;
+}
+
+// The per-call-site state's type, as jax.ffi.register_ffi_type takes it.
+nb::dict state_type() {
+  nb::dict out;
+  out["type_id"] = capsule(plan_state_type_id());
+  out["type_info"] = capsule(plan_state_type_info());
   return out;
 }
 
@@ -130,7 +150,10 @@ NB_MODULE(_ext, m) {
         nb::arg("batches"), nb::arg("swizzle"), nb::arg("along_n"),
         "The dynamic scheduler's cluster tiles (m, n, l) in queue order.");
 #if JAX_CLUSTER_WITH_CUDA
-  m.def("registrations", &registrations, "FFI handler capsules by target name.");
+  m.def("registrations", &registrations, nb::arg("command_buffers") = true,
+        "FFI stage handlers by target name; command_buffers=False gives execute handlers "
+        "XLA never traces into its command buffers.");
+  m.def("state_type", &state_type, "The type id and info of the handlers' per-call-site state.");
   m.def("variants", &variants, "The compiled variants (rows of the menu).");
   m.def("workspace_size", &workspace_size, nb::arg("plan"), nb::arg("m"), nb::arg("n"),
         nb::arg("k"), nb::arg("batch"), "Scratch bytes one call with this plan needs.");

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import pathlib
 import warnings
 
@@ -50,13 +51,24 @@ def compiled_variant_names() -> frozenset[str]:
     return frozenset(row["name"] for row in _ext.variants()) if with_kernels() else frozenset()
 
 
+# The handlers' per-call-site state (the Plan resolved once, at instantiation).
+_STATE_TYPE = "jax_cluster_plan_state"
+
+
+def command_buffers_enabled() -> bool:
+    """Whether XLA may trace the kernels' calls into its command buffers (CUDA
+    graphs). JAX_CLUSTER_COMMAND_BUFFERS=0 runs each call as its own thunk."""
+    return os.environ.get("JAX_CLUSTER_COMMAND_BUFFERS", "1") != "0"
+
+
 @functools.cache
 def register_targets() -> bool:
     """Registers the CUDA handlers once; False when there are none to register."""
     if not with_kernels():
         return False
-    for name, capsule in _ext.registrations().items():
-        jax.ffi.register_ffi_target(name, capsule, platform="CUDA", api_version=1)
+    jax.ffi.register_ffi_type(_STATE_TYPE, _ext.state_type(), platform="CUDA")
+    for name, stages in _ext.registrations(command_buffers_enabled()).items():
+        jax.ffi.register_ffi_target(name, stages, platform="CUDA", api_version=1)
     return True
 
 

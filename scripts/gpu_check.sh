@@ -3,8 +3,8 @@
 # tests bench grid). Logs, JSON and plots are written to $LOGS and packed into
 # $RESULTS/logs.tgz after every step and every 30 s, so a run cut off by a
 # time limit still leaves what finished; $RESULTS also gets prebuilt/_ext*.so.
-# Steps: tests checks selftest sweep sanitize sharding lgemms bench grid planner sched walk layers
-# ragged dense train fallback pytest (pytest: the tests named by $PYTEST_ARGS).
+# Steps: smoke tests checks selftest sweep sanitize sharding lgemms bench grid planner sched walk
+# layers ragged dense hostcost train fallback pytest (pytest: the tests named by $PYTEST_ARGS).
 # Offline machines: put the nvidia-cutlass (and absl-py) wheels in .whl/ first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -74,6 +74,12 @@ for part in ${STEPS:-tests bench grid}; do
              tests/gpu/test_gpu_sweep.py 2>&1 | tee "$LOGS/sweep.log" | tail -15 ;;
     sanitize) step "compute-sanitizer memcheck and racecheck over every kernel variant and schedule"
            "$PYTEST" -q -rs -p no:cacheprovider tests/gpu/test_gpu_sanitizer.py 2>&1 | tee "$LOGS/sanitizer.log" | tail -15 ;;
+    smoke) step "smoke: the dense GEMM tests, stopping at the first failure"
+           "$PYTEST" -q -x -p no:cacheprovider tests/gpu/test_gpu_gemm.py 2>&1 | tee "$LOGS/smoke.log" | tail -8 ;;
+    hostcost) step "host cost per call: default, XLA's command buffers off, kernel calls as their own thunks"
+           { "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"
+             XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"
+             JAX_CLUSTER_COMMAND_BUFFERS=0 "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"; } 2>&1 | tee "$LOGS/hostcost.log" ;;
     dense) step "the dense suite of model GEMMs against XLA"
            "$PY" benchmarks/bench_dense_suite.py --out "$LOGS" ${DENSE_ARGS:-} 2>&1 | tee "$LOGS/dense.log" | tail -30 ;;
     sharding) step "partitioning on every GPU of this machine (test_gpu_sharding needs two)"

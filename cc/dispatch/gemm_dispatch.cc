@@ -105,14 +105,13 @@ std::string resolve_plan(const Plan& plan, Dispatch* out) {
   return "";
 }
 
-std::string check_device(const Plan& plan, Dispatch* dispatch, int device_id) {
+std::string check_device(const PlanDeviceFields& plan, Dispatch* dispatch, int device_id) {
   const CachedFacts& f = facts_for(device_id);
   if (!f.ok) return "cannot query CUDA device " + std::to_string(device_id);
   if (!arch_runs_on(plan.arch, f.facts.cc_major, f.facts.cc_minor))
-    return "plan is for " + std::string(plan.arch) + " (compute capability " +
-           capabilities(plan.arch) + ") but device " + std::to_string(device_id) +
-           " has compute capability " + std::to_string(f.facts.cc_major) + "." +
-           std::to_string(f.facts.cc_minor);
+    return "plan is for " + plan.arch + " (compute capability " + capabilities(plan.arch) +
+           ") but device " + std::to_string(device_id) + " has compute capability " +
+           std::to_string(f.facts.cc_major) + "." + std::to_string(f.facts.cc_minor);
   if (plan.sm_count > f.facts.sm_count)
     return mismatch("sm_count", plan.sm_count, f.facts.sm_count) + " on this device";
   int resident = cached_max_active_clusters(*dispatch->variant, device_id);

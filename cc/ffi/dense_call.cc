@@ -1,4 +1,4 @@
-// Decodes the dense operands of a call against the menu row its Plan names.
+// Checks the dense operands of a call against the menu row its Plan names.
 #include "ffi/dense_call.h"
 
 #include <cstdint>
@@ -42,16 +42,18 @@ std::string problem_from_buffers(const VariantEntry& v, const xla::ffi::AnyBuffe
 
 }  // namespace
 
-std::string decode_dense_call(const Plan& plan, const char* epilogue, const xla::ffi::AnyBuffer& a,
-                              const xla::ffi::AnyBuffer& b, const xla::ffi::AnyBuffer& d,
-                              Dispatch* dispatch, GemmProblem* problem) {
-  if (std::string err = resolve_plan(plan, dispatch); !err.empty()) return err;
-  const VariantEntry& v = *dispatch->variant;
+std::string check_dense_variant(const VariantEntry& v, const char* epilogue) {
   if (std::string(v.problem) != "dense")
     return std::string("variant ") + v.name + " is grouped: call " + kRaggedDotTarget;
   if (std::string(v.epilogue) != epilogue)
     return std::string("variant ") + v.name + " has epilogue '" + v.epilogue +
            "', this call needs '" + epilogue + "'";
+  return "";
+}
+
+std::string dense_problem(const VariantEntry& v, const xla::ffi::AnyBuffer& a,
+                          const xla::ffi::AnyBuffer& b, const xla::ffi::AnyBuffer& d,
+                          GemmProblem* problem) {
   if (std::string err = check_dtypes(v, a, b, d); !err.empty()) return err;
   return problem_from_buffers(v, a, b, d, problem);
 }

@@ -1,21 +1,23 @@
-// The part of a dense GEMM call both dense handlers share: resolve the Plan
-// against the menu, check A, B and D against the variant, and describe the
-// launch. Returns "" on success, else what is wrong.
+// The parts of a dense GEMM call both dense handlers share: the variant check
+// made once per call site, and the buffer checks made on every call. Each
+// returns "" on success, else what is wrong.
 #pragma once
 
 #include <string>
 
 #include "common/gemm_problem.h"
-#include "common/plan.h"
-#include "dispatch/gemm_dispatch.h"
+#include "dispatch/variant_table.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_cluster {
 
 // `epilogue` is the menu epilogue the calling handler serves ("none" or
-// "bias_act"); a Plan naming a variant with another one is refused.
-std::string decode_dense_call(const Plan& plan, const char* epilogue, const xla::ffi::AnyBuffer& a,
-                              const xla::ffi::AnyBuffer& b, const xla::ffi::AnyBuffer& d,
-                              Dispatch* dispatch, GemmProblem* problem);
+// "bias_act"); a variant with another one, or a grouped one, is refused.
+std::string check_dense_variant(const VariantEntry& v, const char* epilogue);
+
+// Checks A, B and D against the variant and describes the launch.
+std::string dense_problem(const VariantEntry& v, const xla::ffi::AnyBuffer& a,
+                          const xla::ffi::AnyBuffer& b, const xla::ffi::AnyBuffer& d,
+                          GemmProblem* problem);
 
 }  // namespace jax_cluster

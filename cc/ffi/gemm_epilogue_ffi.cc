@@ -1,11 +1,13 @@
-// Decodes one call of the fused-epilogue target (kGemmEpilogueTarget): A and
-// B as for the plain GEMM, then bias ([N], or empty for none) and C (D's shape, or
-// empty for none), all in D's dtype, and the scalars alpha, beta and the
-// activation. Everything is checked before anything is launched.
+// The fused-epilogue target (kGemmEpilogueTarget): A and B as for the plain
+// GEMM, then bias ([N], or empty for none) and C (D's shape, or empty for
+// none), all in D's dtype. The Plan and the scalars alpha, beta and the
+// activation are decoded once per call site (instantiate stage). Everything is
+// checked before anything is launched.
 #include "ffi/gemm_epilogue_ffi.h"
 
 #include <cstdint>
 #include <iterator>
+#include <memory>
 #include <string>
 
 #include <cuda_runtime_api.h>
@@ -15,6 +17,7 @@
 #include "ffi/dense_call.h"
 #include "ffi/launch.h"
 #include "ffi/plan_attr.h"
+#include "ffi/plan_state.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -28,17 +31,21 @@ ffi::Error invalid(const std::string& msg) {
   return ffi::Error::InvalidArgument(std::string(kTarget) + ": " + msg);
 }
 
-// "" when bias and C fit D; fills the epilogue of `p`.
-std::string epilogue_from_buffers(const ffi::AnyBuffer& bias, const ffi::AnyBuffer& c,
-                                  const ffi::AnyBuffer& d, float alpha, float beta,
-                                  int32_t activation, GemmProblem* p) {
+// "" when the activation code is one the contract names; fills the scalars.
+std::string epilogue_scalars(float alpha, float beta, int32_t activation, EpilogueArgs* e) {
   if (activation < 0 || activation >= static_cast<int32_t>(std::size(kActivationNames)))
     return std::string("activation must be one of ") + kActivationChoices + ", got " +
            std::to_string(activation);
+  e->alpha = alpha;
+  e->beta = beta;
+  e->activation = static_cast<Activation>(activation);
+  return "";
+}
+
+// "" when bias and C fit D; fills the buffers of the epilogue of `p`.
+std::string epilogue_buffers(const ffi::AnyBuffer& bias, const ffi::AnyBuffer& c,
+                             const ffi::AnyBuffer& d, GemmProblem* p) {
   EpilogueArgs& e = p->epilogue;
-  e.alpha = alpha;
-  e.beta = beta;
-  e.activation = static_cast<Activation>(activation);
   if (bias.element_count() > 0) {
     auto dims = bias.dimensions();
     if (dims.size() != 1 || dims[0] != p->n)
@@ -56,45 +63,60 @@ std::string epilogue_from_buffers(const ffi::AnyBuffer& bias, const ffi::AnyBuff
     if (!aligned16(c.untyped_data())) return "C must be 16-byte aligned";
     e.c = c.untyped_data();
   }
-  if (beta != 0.0f && e.c == nullptr) return "beta is not 0 but C is missing";
+  if (e.beta != 0.0f && e.c == nullptr) return "beta is not 0 but C is missing";
   return "";
 }
 
-ffi::Error gemm_epilogue_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
-                              ffi::AnyBuffer bias, ffi::AnyBuffer c, ffi::Result<ffi::AnyBuffer> d,
-                              ffi::Result<ffi::AnyBuffer> workspace, Plan plan, float alpha,
-                              float beta, int32_t activation) {
-  Dispatch dispatch;
+PlanStateOr gemm_epilogue_instantiate(Plan plan, float alpha, float beta, int32_t activation) {
+  std::unique_ptr<PlanState> state = PlanState::resolve(plan);
+  if (state->error().empty()) state->refuse(check_dense_variant(state->variant(), "bias_act"));
+  state->refuse(epilogue_scalars(alpha, beta, activation, &state->epilogue));
+  return state;
+}
+
+ffi::Error gemm_epilogue_execute(PlanState* state, cudaStream_t stream, ffi::AnyBuffer a,
+                                 ffi::AnyBuffer b, ffi::AnyBuffer bias, ffi::AnyBuffer c,
+                                 ffi::Result<ffi::AnyBuffer> d,
+                                 ffi::Result<ffi::AnyBuffer> workspace) {
+  if (!state->error().empty()) return invalid(state->error());
   GemmProblem problem;
-  if (std::string err = decode_dense_call(plan, "bias_act", a, b, *d, &dispatch, &problem);
-      !err.empty())
+  if (std::string err = dense_problem(state->variant(), a, b, *d, &problem); !err.empty())
     return invalid(err);
-  if (std::string err = epilogue_from_buffers(bias, c, *d, alpha, beta, activation, &problem);
-      !err.empty())
-    return invalid(err);
+  problem.epilogue = state->epilogue;
+  if (std::string err = epilogue_buffers(bias, c, *d, &problem); !err.empty()) return invalid(err);
   if (problem.m == 0 || problem.n == 0 || problem.batch == 0) return ffi::Error::Success();
   // act(bias + beta*C) is not a memset: the planner sends K = 0 to XLA.
   if (problem.k == 0) return invalid("K = 0 has no kernel plan; it runs on XLA");
-  return launch_variant(kTarget, plan, dispatch, problem, *d, *workspace, stream);
+  return launch_variant(kTarget, *state, problem, *d, *workspace, stream);
+}
+
+auto execute_binding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::State<PlanState>>()
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>();
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmEpilogueFfi, gemm_epilogue_impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmEpilogueInstantiate, gemm_epilogue_instantiate,
+                              ffi::Ffi::BindInstantiate()
                                   .Attr<Plan>("plan")
                                   .Attr<float>("alpha")
                                   .Attr<float>("beta")
-                                  .Attr<int32_t>("activation"),
+                                  .Attr<int32_t>("activation"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmEpilogueExecute, gemm_epilogue_execute, execute_binding(),
                               {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmEpilogueExecuteOutsideGraphs, gemm_epilogue_execute,
+                              execute_binding());
 
-XLA_FFI_Handler* gemm_epilogue_ffi_handler() { return GemmEpilogueFfi; }
+HandlerBundle gemm_epilogue_ffi_handlers() {
+  return {GemmEpilogueInstantiate, GemmEpilogueExecute, GemmEpilogueExecuteOutsideGraphs};
+}
 
 }  // namespace jax_cluster

@@ -2,8 +2,8 @@
 // "jax_cluster_gemm_epilogue": D = act(alpha * A·B + beta * C + bias[n]).
 #pragma once
 
-#include "xla/ffi/api/c_api.h"
+#include "ffi/handler_bundle.h"
 
 namespace jax_cluster {
-XLA_FFI_Handler* gemm_epilogue_ffi_handler();
+HandlerBundle gemm_epilogue_ffi_handlers();
 }  // namespace jax_cluster

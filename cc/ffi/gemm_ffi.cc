@@ -1,18 +1,19 @@
-// Decodes the buffers and the Plan of one dense GEMM call (kGemmTarget), checks
-// every one of them, and launches the variant on XLA's stream. Anything wrong
-// comes back as an ffi::Error naming the problem; nothing is launched then.
+// The dense GEMM call (kGemmTarget). The instantiate stage resolves the Plan
+// once per call site; each call checks A, B and D against the variant and
+// launches it on XLA's stream. Anything wrong comes back as an ffi::Error
+// naming the problem; nothing is launched then.
 #include "ffi/gemm_ffi.h"
 
-#include <cstdint>
+#include <memory>
 #include <string>
 
 #include <cuda_runtime_api.h>
 
 #include "common/contract.h"
-#include "dispatch/gemm_dispatch.h"
 #include "ffi/dense_call.h"
 #include "ffi/launch.h"
 #include "ffi/plan_attr.h"
+#include "ffi/plan_state.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -24,31 +25,43 @@ ffi::Error invalid(const std::string& msg) {
   return ffi::Error::InvalidArgument(std::string(kGemmTarget) + ": " + msg);
 }
 
-ffi::Error gemm_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
-                     ffi::Result<ffi::AnyBuffer> d, ffi::Result<ffi::AnyBuffer> workspace,
-                     Plan plan) {
-  Dispatch dispatch;
+PlanStateOr gemm_instantiate(Plan plan) {
+  std::unique_ptr<PlanState> state = PlanState::resolve(plan);
+  if (state->error().empty()) state->refuse(check_dense_variant(state->variant(), "none"));
+  return state;
+}
+
+ffi::Error gemm_execute(PlanState* state, cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                        ffi::Result<ffi::AnyBuffer> d, ffi::Result<ffi::AnyBuffer> workspace) {
+  if (!state->error().empty()) return invalid(state->error());
   GemmProblem problem;
-  if (std::string err = decode_dense_call(plan, "none", a, b, *d, &dispatch, &problem);
-      !err.empty())
+  if (std::string err = dense_problem(state->variant(), a, b, *d, &problem); !err.empty())
     return invalid(err);
   if (problem.m == 0 || problem.n == 0 || problem.batch == 0) return ffi::Error::Success();
   if (problem.k == 0) return zero_output(kGemmTarget, *d, stream);
-  return launch_variant(kGemmTarget, plan, dispatch, problem, *d, *workspace, stream);
+  return launch_variant(kGemmTarget, *state, problem, *d, *workspace, stream);
+}
+
+auto execute_binding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::State<PlanState>>()
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>();
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmFfi, gemm_impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<Plan>("plan"),
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmInstantiate, gemm_instantiate,
+                              ffi::Ffi::BindInstantiate().Attr<Plan>("plan"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmExecute, gemm_execute, execute_binding(),
                               {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmExecuteOutsideGraphs, gemm_execute, execute_binding());
 
-XLA_FFI_Handler* gemm_ffi_handler() { return GemmFfi; }
+HandlerBundle gemm_ffi_handlers() {
+  return {GemmInstantiate, GemmExecute, GemmExecuteOutsideGraphs};
+}
 
 }  // namespace jax_cluster

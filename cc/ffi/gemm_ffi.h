@@ -1,8 +1,8 @@
 // XLA FFI handler for the dense GEMM custom call "jax_cluster_gemm".
 #pragma once
 
-#include "xla/ffi/api/c_api.h"
+#include "ffi/handler_bundle.h"
 
 namespace jax_cluster {
-XLA_FFI_Handler* gemm_ffi_handler();
+HandlerBundle gemm_ffi_handlers();
 }  // namespace jax_cluster

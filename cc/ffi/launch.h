@@ -1,6 +1,7 @@
-// The last steps every FFI handler shares once the buffers are checked:
-// device and residency checks, optional output poisoning, the workspace
-// check and the launch on XLA's stream, or zeroing the output of an empty sum.
+// The last steps every FFI handler shares once the buffers are checked: the
+// device and residency checks (once per device, see PlanState), optional output
+// poisoning, the workspace check and the launch on XLA's stream, or zeroing
+// the output of an empty sum.
 #pragma once
 
 #include <string>
@@ -8,9 +9,9 @@
 #include <cuda_runtime_api.h>
 
 #include "common/gemm_problem.h"
-#include "common/plan.h"
 #include "dispatch/gemm_dispatch.h"
 #include "ffi/buffer_checks.h"
+#include "ffi/plan_state.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_cluster {
@@ -23,7 +24,7 @@ inline xla::ffi::Error zero_output(const char* target, xla::ffi::AnyBuffer& d,
   return xla::ffi::Error::Success();
 }
 
-inline xla::ffi::Error launch_variant(const char* target, const Plan& plan, Dispatch& dispatch,
+inline xla::ffi::Error launch_variant(const char* target, PlanState& state,
                                       const GemmProblem& problem, xla::ffi::AnyBuffer& d,
                                       xla::ffi::AnyBuffer& workspace, cudaStream_t stream) {
   namespace ffi = xla::ffi;
@@ -33,7 +34,8 @@ inline xla::ffi::Error launch_variant(const char* target, const Plan& plan, Disp
   int device_id = 0;
   if (!current_device(&device_id))
     return ffi::Error::Internal(std::string(target) + ": no current CUDA device");
-  if (std::string err = check_device(plan, &dispatch, device_id); !err.empty()) return invalid(err);
+  Dispatch dispatch;
+  if (std::string err = state.dispatch_on(device_id, &dispatch); !err.empty()) return invalid(err);
   if (poison_output() &&
       cudaMemsetAsync(d.untyped_data(), 0xFF, d.size_bytes(), stream) != cudaSuccess)
     return ffi::Error::Internal(std::string(target) + ": poisoning the output failed");

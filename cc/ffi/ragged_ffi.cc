@@ -1,18 +1,21 @@
-// Decodes and checks one grouped GEMM call, kRaggedDotTarget (see the contract in
-// kernels/cutlass_grouped_gemm.cuh) and launches its grouped variant.
-// Group sizes stay on the device; everything wrong comes back as ffi::Error.
+// The grouped GEMM call, kRaggedDotTarget (see the contract in
+// kernels/cutlass_grouped_gemm.cuh): the Plan is resolved once per call site
+// (instantiate stage); each call checks its buffers and launches the grouped
+// variant. Group sizes stay on the device; everything wrong comes back as
+// ffi::Error.
 #include "ffi/ragged_ffi.h"
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include <cuda_runtime_api.h>
 
 #include "common/contract.h"
-#include "dispatch/gemm_dispatch.h"
 #include "ffi/buffer_checks.h"
 #include "ffi/launch.h"
 #include "ffi/plan_attr.h"
+#include "ffi/plan_state.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -72,14 +75,19 @@ std::string problem_from_buffers(const VariantEntry& v, const ffi::AnyBuffer& a,
   return "";
 }
 
-ffi::Error ragged_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
-                       ffi::Buffer<ffi::S32> group_sizes, ffi::Result<ffi::AnyBuffer> d,
-                       ffi::Result<ffi::AnyBuffer> workspace, Plan plan) {
-  Dispatch dispatch;
-  if (std::string err = resolve_plan(plan, &dispatch); !err.empty()) return invalid(err);
-  const VariantEntry& v = *dispatch.variant;
-  if (std::string(v.problem) == "dense")
-    return invalid(std::string("variant ") + v.name + " is dense: call " + kGemmTarget);
+PlanStateOr ragged_instantiate(Plan plan) {
+  std::unique_ptr<PlanState> state = PlanState::resolve(plan);
+  if (state->error().empty() && std::string(state->variant().problem) == "dense")
+    state->refuse(std::string("variant ") + state->variant().name + " is dense: call " +
+                  kGemmTarget);
+  return state;
+}
+
+ffi::Error ragged_execute(PlanState* state, cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                          ffi::Buffer<ffi::S32> group_sizes, ffi::Result<ffi::AnyBuffer> d,
+                          ffi::Result<ffi::AnyBuffer> workspace) {
+  if (!state->error().empty()) return invalid(state->error());
+  const VariantEntry& v = state->variant();
   if (std::string err = check_dtypes(v, a, b, *d); !err.empty()) return invalid(err);
   if (group_sizes.dimensions().size() != 1) return invalid("group_sizes must be rank 1");
   int64_t groups = group_sizes.dimensions()[0];
@@ -91,22 +99,30 @@ ffi::Error ragged_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   if (d->size_bytes() == 0) return ffi::Error::Success();
   // Both problems contract over GEMM k: K for ragged_m, the rows for ragged_k.
   if (problem.k == 0) return zero_output(kTarget, *d, stream);  // empty sums everywhere
-  return launch_variant(kTarget, plan, dispatch, problem, *d, *workspace, stream);
+  return launch_variant(kTarget, *state, problem, *d, *workspace, stream);
+}
+
+auto execute_binding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::State<PlanState>>()
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::Buffer<ffi::S32>>()
+      .Ret<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>();
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedFfi, ragged_impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<Plan>("plan"),
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedInstantiate, ragged_instantiate,
+                              ffi::Ffi::BindInstantiate().Attr<Plan>("plan"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedExecute, ragged_execute, execute_binding(),
                               {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedExecuteOutsideGraphs, ragged_execute, execute_binding());
 
-XLA_FFI_Handler* ragged_ffi_handler() { return RaggedFfi; }
+HandlerBundle ragged_ffi_handlers() {
+  return {RaggedInstantiate, RaggedExecute, RaggedExecuteOutsideGraphs};
+}
 
 }  // namespace jax_cluster

@@ -1,8 +1,8 @@
 // XLA FFI handler for the grouped GEMM custom call "jax_cluster_ragged_dot".
 #pragma once
 
-#include "xla/ffi/api/c_api.h"
+#include "ffi/handler_bundle.h"
 
 namespace jax_cluster {
-XLA_FFI_Handler* ragged_ffi_handler();
+HandlerBundle ragged_ffi_handlers();
 }  // namespace jax_cluster

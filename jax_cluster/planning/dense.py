@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from jax_cluster.planning import cost_model, tables
+from jax_cluster.planning import cost_model, routing, tables
 from jax_cluster.planning.call import Call
 from jax_cluster.planning.candidates import (
     NO_RESIDENT_CANDIDATE,
@@ -20,7 +20,19 @@ from jax_cluster.planning.candidates import (
 from jax_cluster.planning.device import describe
 from jax_cluster.planning.plan import Plan, dtype_name
 
-OVERRIDABLE = ("variant", "tile", "cluster", "schedule", "splits", "raster", "swizzle", "allow_nonportable_cluster")
+OVERRIDABLE = (
+    "variant",
+    "tile",
+    "cluster",
+    "schedule",
+    "splits",
+    "raster",
+    "swizzle",
+    "allow_nonportable_cluster",
+    "route",
+)
+# overrides that pin a kernel choice, and so skip the measured routing
+PINNING = frozenset(OVERRIDABLE) - {"allow_nonportable_cluster", "route"}
 
 
 def _schedules(v: tables.Variant, k: int, memory_bound: bool, overrides: dict):
@@ -62,11 +74,16 @@ def plan_gemm(
     `epilogue="bias_act"` plans for the fused bias/activation/C epilogue
     (`jax_cluster.linear`) and considers only rows that compile it.
     `overrides` pins choices: variant, tile=(m,n,k), cluster=(m,n), schedule,
-    splits, raster, swizzle; or path="xla" to force the fallback.
+    splits, raster, swizzle; or path="xla" to force the fallback. Unpinned
+    plain GEMMs go to XLA's dot where the measured routing rule expects it to
+    be faster (`planning.routing`); route="kernel" skips that rule.
     """
     if epilogue not in tables.EPILOGUES:
         raise ValueError(f"plan(): epilogue must be one of {tables.EPILOGUES}, got {epilogue!r}")
     check_overrides(overrides, OVERRIDABLE, "plan()")
+    route = overrides.pop("route", "measured")
+    if route not in ("measured", "kernel"):
+        raise ValueError(f"plan(): route must be 'measured' or 'kernel', got {route!r}")
     dev = describe(device)
     out = dtype_name(out_dtype if out_dtype is not None else dtype)
     call = Call("dense", int(m), int(n), int(k), int(batch), a_major, b_major, dtype_name(dtype), out, epilogue)
@@ -109,6 +126,10 @@ def plan_gemm(
     if choice is None:
         return xla_plan(base, NO_RESIDENT_CANDIDATE, notes)
     v, c = choice.variant, choice.candidate
+    if route == "measured" and epilogue == "none" and not PINNING & set(overrides):
+        why_xla = routing.xla_is_faster(call, c.memory_bound, dev)
+        if why_xla:
+            return xla_plan(base, why_xla, notes)
     split = f" x{c.splits} splits" if c.schedule == "split_k" else ""
     bound = ", memory-bound" if c.memory_bound else ""
     reason = (

@@ -1,0 +1,89 @@
+"""Measured routing of dense GEMMs between the kernel and XLA's dot.
+
+cuBLAS is near the card's power-limited ceiling on large compute-bound GEMMs,
+where our kernels trail it by a few per cent; they win on small problems and
+few-wave tails. The rule is measured, not modelled: `routing.json` holds, per
+device, for each operand layout and for memory- or compute-bound problems, the
+range of problem sizes (log2 of the FLOPs) where the kernel measured at least
+as fast as XLA's dot. It was fitted on part of the dense suite
+(`benchmarks/bench_dense_suite.py`) and checked on model families it never saw.
+A device or layout without an entry keeps the kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import pathlib
+
+from jax_cluster.planning.call import Call
+from jax_cluster.planning.device import DeviceInfo
+
+TABLE_PATH = pathlib.Path(__file__).with_name("routing.json")
+# operand majors (A, B) -> the layout names the dense suite uses
+LAYOUTS = {("k", "n"): "kn", ("k", "k"): "kk", ("m", "n"): "mn", ("m", "k"): "mk"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    layout: str
+    memory_bound: bool
+    # the kernel runs where lo <= log2(FLOPs) < hi
+    lo: float
+    hi: float
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceRules:
+    name: str  # a substring of the device's name ("H200")
+    compute_capability: tuple[int, int]
+    evidence: str  # what was measured, when, at which commit
+    rules: tuple[Rule, ...]
+
+
+def parse(table: dict) -> tuple[DeviceRules, ...]:
+    return tuple(
+        DeviceRules(
+            d["name"],
+            tuple(d["compute_capability"]),
+            d["evidence"],
+            tuple(Rule(r["layout"], r["memory_bound"], *r["kernel_log2_flops"]) for r in d["rules"]),
+        )
+        for d in table["devices"]
+    )
+
+
+@functools.cache
+def shipped() -> tuple[DeviceRules, ...]:
+    return parse(json.loads(TABLE_PATH.read_text()))
+
+
+def rules_for(dev: DeviceInfo, table: tuple[DeviceRules, ...] | None = None) -> DeviceRules | None:
+    for entry in shipped() if table is None else table:
+        if dev.compute_capability == entry.compute_capability and entry.name in dev.name:
+            return entry
+    return None
+
+
+def xla_is_faster(call: Call, memory_bound: bool, dev: DeviceInfo, table=None) -> str:
+    """Why XLA's dot should run `call` instead of the kernel, or "" to keep it."""
+    entry = rules_for(dev, table)
+    layout = LAYOUTS.get((call.a_major, call.b_major))
+    if entry is None or layout is None:
+        return ""
+    rule = next((r for r in entry.rules if r.layout == layout and r.memory_bound == memory_bound), None)
+    if rule is None:
+        return ""
+    flops = 2.0 * call.m * call.n * call.k * call.count
+    size = math.log2(flops) if flops > 0 else 0.0
+    if rule.lo <= size < rule.hi:
+        return ""
+    bound = "memory-bound" if memory_bound else "compute-bound"
+    window = f"2^{rule.lo:g} <= FLOPs < 2^{rule.hi:g}" if rule.lo < rule.hi else "nowhere"
+    return (
+        f"XLA's dot is expected faster: a {bound} {layout} GEMM of 2^{size:.1f} FLOPs, where the kernel "
+        f"measured behind XLA's dot on {entry.name} (it wins for {window}; {entry.evidence}); "
+        "route='kernel' keeps the kernel"
+    )
