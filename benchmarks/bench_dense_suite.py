@@ -236,6 +236,8 @@ def main():
     for r in rows:
         r = measure(r, jnp.bfloat16, args.iterations, args.both_paths)
         done[(r["model"], r["layer"], r["tokens"], r["layout"])] = r
+        with open(out / "dense_suite_rows.jsonl", "a") as f:  # kept should the run be cut short
+            f.write(json.dumps(r) + "\n")
         print(
             f"{r['model']:<14} {r['layer']:<8} T={r['tokens']:<6} {r['layout']} XLA {r['xla_ms']:.4f} ms, "
             f"ours {r['jc_ms']:.4f} ms ({r['xla_ms'] / r['jc_ms']:.3f}x) {r['path']} "
