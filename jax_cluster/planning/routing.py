@@ -4,10 +4,10 @@ cuBLAS is near the card's power-limited ceiling on large compute-bound GEMMs,
 where our kernels trail it by a few per cent; they win on small problems and
 few-wave tails. The rule is measured, not modelled: `routing.json` holds, per
 device, for each operand layout and for memory- or compute-bound problems, the
-range of problem sizes (log2 of the FLOPs) where the kernel measured at least
-as fast as XLA's dot. It was fitted on part of the dense suite
-(`benchmarks/bench_dense_suite.py`) and checked on model families it never saw.
-A device or layout without an entry keeps the kernel.
+window of contraction lengths (log2 K) where the kernel measured faster than
+XLA's dot. It is fitted by `benchmarks/fit_routing.py` on part of the dense
+suite (`benchmarks/bench_dense_suite.py`) and checked on model families it
+never saw. A device or layout without an entry keeps the kernel.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ LAYOUTS = {("k", "n"): "kn", ("k", "k"): "kk", ("m", "n"): "mn", ("m", "k"): "mk
 class Rule:
     layout: str
     memory_bound: bool
-    # the kernel runs where lo <= log2(FLOPs) < hi
+    # the kernel runs where lo <= log2(K) < hi (empty when lo == hi)
     lo: float
     hi: float
 
@@ -49,7 +49,7 @@ def parse(table: dict) -> tuple[DeviceRules, ...]:
             d["name"],
             tuple(d["compute_capability"]),
             d["evidence"],
-            tuple(Rule(r["layout"], r["memory_bound"], *r["kernel_log2_flops"]) for r in d["rules"]),
+            tuple(Rule(r["layout"], r["memory_bound"], *r["kernel_log2_k"]) for r in d["rules"]),
         )
         for d in table["devices"]
     )
@@ -76,14 +76,12 @@ def xla_is_faster(call: Call, memory_bound: bool, dev: DeviceInfo, table=None) -
     rule = next((r for r in entry.rules if r.layout == layout and r.memory_bound == memory_bound), None)
     if rule is None:
         return ""
-    flops = 2.0 * call.m * call.n * call.k * call.count
-    size = math.log2(flops) if flops > 0 else 0.0
+    size = math.log2(call.k) if call.k > 0 else 0.0
     if rule.lo <= size < rule.hi:
         return ""
     bound = "memory-bound" if memory_bound else "compute-bound"
-    window = f"2^{rule.lo:g} <= FLOPs < 2^{rule.hi:g}" if rule.lo < rule.hi else "nowhere"
+    won = f"it won only for {2**rule.lo:g} <= K < {2**rule.hi:g}" if rule.lo < rule.hi else "it won at no K"
     return (
-        f"XLA's dot is expected faster: a {bound} {layout} GEMM of 2^{size:.1f} FLOPs, where the kernel "
-        f"measured behind XLA's dot on {entry.name} (it wins for {window}; {entry.evidence}); "
-        "route='kernel' keeps the kernel"
+        f"XLA's dot is expected faster: on {entry.name} the kernel measured behind it for {bound} "
+        f"{layout} GEMMs at K = {call.k} ({won}; {entry.evidence}); route='kernel' keeps the kernel"
     )
