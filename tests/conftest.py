@@ -10,6 +10,9 @@ sys.path.insert(0, os.path.dirname(__file__))  # helpers.py for every folder
 # Kernels fill their output with NaN before each launch, so a skipped element
 # fails the comparison instead of passing on stale memory.
 os.environ.setdefault("JAX_CLUSTER_POISON_OUTPUT", "1")
+# The tests exercise the kernels wherever one fits; the measured routing to
+# XLA's dot is tested on its own (route="measured" in test_routing.py).
+os.environ.setdefault("JAX_CLUSTER_ROUTE", "kernel")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

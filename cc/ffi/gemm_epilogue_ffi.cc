@@ -91,9 +91,7 @@ ffi::Error gemm_epilogue_execute(PlanState* state, cudaStream_t stream, ffi::Any
 }
 
 auto execute_binding() {
-  return ffi::Ffi::Bind()
-      .Ctx<ffi::State<PlanState>>()
-      .Ctx<ffi::PlatformStream<cudaStream_t>>()
+  return bind_execute()
       .Arg<ffi::AnyBuffer>()
       .Arg<ffi::AnyBuffer>()
       .Arg<ffi::AnyBuffer>()

@@ -43,9 +43,7 @@ ffi::Error gemm_execute(PlanState* state, cudaStream_t stream, ffi::AnyBuffer a,
 }
 
 auto execute_binding() {
-  return ffi::Ffi::Bind()
-      .Ctx<ffi::State<PlanState>>()
-      .Ctx<ffi::PlatformStream<cudaStream_t>>()
+  return bind_execute()
       .Arg<ffi::AnyBuffer>()
       .Arg<ffi::AnyBuffer>()
       .Ret<ffi::AnyBuffer>()

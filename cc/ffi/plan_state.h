@@ -11,6 +11,8 @@
 #include <string>
 #include <utility>
 
+#include <cuda_runtime_api.h>
+
 #include "common/gemm_problem.h"
 #include "common/plan.h"
 #include "dispatch/gemm_dispatch.h"
@@ -54,6 +56,14 @@ class PlanState {
 
 // The instantiate-stage result every handler returns.
 using PlanStateOr = xla::ffi::ErrorOr<std::unique_ptr<PlanState>>;
+
+// What every execute handler binds first: its call site's state and XLA's
+// stream; the buffers follow, and no attribute (the state holds them).
+inline auto bind_execute() {
+  return xla::ffi::Ffi::Bind()
+      .Ctx<xla::ffi::State<PlanState>>()
+      .Ctx<xla::ffi::PlatformStream<cudaStream_t>>();
+}
 
 // The capsule payloads jax.ffi.register_ffi_type needs for PlanState.
 XLA_FFI_TypeId* plan_state_type_id();

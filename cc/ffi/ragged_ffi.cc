@@ -103,9 +103,7 @@ ffi::Error ragged_execute(PlanState* state, cudaStream_t stream, ffi::AnyBuffer 
 }
 
 auto execute_binding() {
-  return ffi::Ffi::Bind()
-      .Ctx<ffi::State<PlanState>>()
-      .Ctx<ffi::PlatformStream<cudaStream_t>>()
+  return bind_execute()
       .Arg<ffi::AnyBuffer>()
       .Arg<ffi::AnyBuffer>()
       .Arg<ffi::Buffer<ffi::S32>>()

@@ -76,14 +76,15 @@ def plan_gemm(
     `overrides` pins choices: variant, tile=(m,n,k), cluster=(m,n), schedule,
     splits, raster, swizzle; or path="xla" to force the fallback. Unpinned
     plain GEMMs go to XLA's dot where the measured routing rule expects it to
-    be faster (`planning.routing`); route="kernel" skips that rule.
+    be faster (`planning.routing`); route="kernel" (or JAX_CLUSTER_ROUTE=kernel)
+    skips that rule.
     """
     if epilogue not in tables.EPILOGUES:
         raise ValueError(f"plan(): epilogue must be one of {tables.EPILOGUES}, got {epilogue!r}")
     check_overrides(overrides, OVERRIDABLE, "plan()")
-    route = overrides.pop("route", "measured")
-    if route not in ("measured", "kernel"):
-        raise ValueError(f"plan(): route must be 'measured' or 'kernel', got {route!r}")
+    route = overrides.pop("route", None) or routing.default_route()
+    if route not in routing.ROUTES:
+        raise ValueError(f"plan(): route must be one of {routing.ROUTES}, got {route!r}")
     dev = describe(device)
     out = dtype_name(out_dtype if out_dtype is not None else dtype)
     call = Call("dense", int(m), int(n), int(k), int(batch), a_major, b_major, dtype_name(dtype), out, epilogue)

@@ -16,12 +16,16 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import pathlib
 
 from jax_cluster.planning.call import Call
 from jax_cluster.planning.device import DeviceInfo
 
 TABLE_PATH = pathlib.Path(__file__).with_name("routing.json")
+# "measured": the rule below decides; "kernel": every call a kernel fits runs it
+ROUTES = ("measured", "kernel")
+ROUTE_ENV = "JAX_CLUSTER_ROUTE"
 # operand majors (A, B) -> the layout names the dense suite uses
 LAYOUTS = {("k", "n"): "kn", ("k", "k"): "kk", ("m", "n"): "mn", ("m", "k"): "mk"}
 
@@ -41,6 +45,14 @@ class DeviceRules:
     compute_capability: tuple[int, int]
     evidence: str  # what was measured, when, at which commit
     rules: tuple[Rule, ...]
+
+
+def default_route() -> str:
+    """The route of calls that name none: $JAX_CLUSTER_ROUTE, else "measured"."""
+    route = os.environ.get(ROUTE_ENV, "measured")
+    if route not in ROUTES:
+        raise ValueError(f"${ROUTE_ENV} must be one of {ROUTES}, got {route!r}")
+    return route
 
 
 def parse(table: dict) -> tuple[DeviceRules, ...]:

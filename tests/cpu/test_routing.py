@@ -1,0 +1,149 @@
+"""The measured routing of dense GEMMs between the kernel and XLA's dot, on
+described devices: the shipped rule, the planner's use of it, and its fit."""
+
+import dataclasses
+import importlib.util
+import json
+import math
+import pathlib
+
+import jax.numpy as jnp
+import pytest
+
+import jax_cluster
+from jax_cluster import _ffi
+from jax_cluster.planning import routing
+from jax_cluster.planning.call import Call
+from jax_cluster.planning.device import DeviceInfo
+
+needs_kernels = pytest.mark.skipif(not _ffi.with_kernels(), reason="built without kernels")
+H200 = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132, 232448, 60 << 20)
+B200 = DeviceInfo("cuda", "NVIDIA B200", (10, 0), 148, 232448, 126 << 20)
+FIT = pathlib.Path(__file__).parents[2] / "benchmarks" / "fit_routing.py"
+
+
+def plan(m, n, k, device=H200, a_major="k", b_major="n", **overrides):
+    overrides.setdefault("route", "measured")
+    return jax_cluster.plan(m, n, k, dtype=jnp.bfloat16, device=device, a_major=a_major, b_major=b_major, **overrides)
+
+
+def call(m, n, k, a_major="k", b_major="n"):
+    return Call("dense", m, n, k, 1, a_major, b_major, "bf16", "bf16")
+
+
+def test_the_shipped_table_covers_every_suite_layout_on_the_h200():
+    entry = routing.rules_for(H200)
+    assert entry is not None and "dense suite" in entry.evidence
+    classes = {(r.layout, r.memory_bound) for r in entry.rules}
+    assert classes == {(layout, bound) for layout in ("kn", "kk", "mn") for bound in (False, True)}
+    assert all(r.lo <= r.hi for r in entry.rules)
+
+
+def test_a_device_without_measurements_keeps_the_kernel():
+    assert routing.rules_for(B200) is None
+    assert routing.xla_is_faster(call(8192, 8192, 8192), False, B200) == ""
+    # the name alone is not enough: the capability must match too
+    assert routing.rules_for(dataclasses.replace(H200, compute_capability=(10, 0))) is None
+
+
+def test_the_rule_keeps_the_kernel_inside_its_window_only():
+    table = routing.parse(
+        {
+            "devices": [
+                {
+                    "name": "H200",
+                    "compute_capability": [9, 0],
+                    "evidence": "a test table",
+                    "rules": [{"layout": "mn", "memory_bound": True, "kernel_log2_k": [0.0, 3.0]}],
+                }
+            ]
+        }
+    )
+    assert routing.xla_is_faster(call(4096, 4096, 4, "m", "n"), True, H200, table) == ""
+    why = routing.xla_is_faster(call(4096, 4096, 16, "m", "n"), True, H200, table)
+    assert "K = 16" in why and "1 <= K < 8" in why and "a test table" in why
+    # a class the table does not name keeps the kernel
+    assert routing.xla_is_faster(call(4096, 4096, 16, "k", "n"), True, H200, table) == ""
+
+
+@needs_kernels
+def test_a_large_training_gemm_on_the_h200_runs_xlas_dot_and_says_why():
+    p = plan(8192, 8192, 8192)
+    assert p.path == "xla"
+    assert "XLA's dot is expected faster" in p.reason and "route='kernel'" in p.reason
+    assert "XLA's dot is expected faster" in p.explain()
+
+
+@needs_kernels
+def test_route_kernel_and_pinned_choices_keep_the_kernel():
+    assert plan(8192, 8192, 8192, route="kernel").path == "kernel"
+    assert plan(8192, 8192, 8192, tile=(128, 256, 64)).path == "kernel"
+    assert plan(8192, 8192, 8192, schedule="dynamic").path == "kernel"
+    with pytest.raises(ValueError, match="route must be"):
+        plan(64, 64, 64, route="fastest")
+
+
+@needs_kernels
+def test_the_environment_sets_the_default_route(monkeypatch):
+    monkeypatch.setenv(routing.ROUTE_ENV, "measured")
+    assert jax_cluster.plan(8192, 8192, 8192, dtype=jnp.bfloat16, device=H200).path == "xla"
+    monkeypatch.setenv(routing.ROUTE_ENV, "kernel")
+    assert jax_cluster.plan(8192, 8192, 8192, dtype=jnp.bfloat16, device=H200).path == "kernel"
+    monkeypatch.setenv(routing.ROUTE_ENV, "sometimes")
+    with pytest.raises(ValueError, match="JAX_CLUSTER_ROUTE"):
+        jax_cluster.plan(64, 64, 64, dtype=jnp.bfloat16, device=H200)
+
+
+@needs_kernels
+def test_an_outer_product_keeps_the_kernel_where_it_measured_faster():
+    # K = 1 weight gradients (one token): 1.3-1.8x XLA's dot on the H200
+    p = plan(4096, 14336, 1, a_major="m", b_major="n")
+    assert p.path == "kernel", p.reason
+
+
+@needs_kernels
+def test_the_fused_epilogue_is_not_routed():
+    p = jax_cluster.plan(8192, 8192, 8192, dtype=jnp.bfloat16, device=H200, route="measured", epilogue="bias_act")
+    assert p.path == "kernel"
+
+
+def _fit_module():
+    spec = importlib.util.spec_from_file_location("fit_routing", FIT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(k, gain):
+    return {"k": k, "kernel_ms": 1.0, "routed_xla_ms": gain}
+
+
+def test_the_fit_opens_a_window_only_for_a_clear_gain():
+    fit = _fit_module()
+    # a 1.5x win at K=1 and losses elsewhere: the window holds K=1 alone
+    lo, hi = fit.fit_class([_row(1, 1.5), _row(16, 0.8), _row(4096, 0.97)])
+    assert lo == 0.0 and 0.0 < hi <= 4.0
+    # wins of 1% (noise) never open one
+    assert fit.fit_class([_row(64, 1.01), _row(4096, 1.01)]) == (0.0, 0.0)
+
+
+def test_the_fit_reads_only_the_fitting_families(tmp_path, monkeypatch):
+    fit = _fit_module()
+    table = tmp_path / "routing.json"
+    table.write_text(json.dumps({"devices": []}))
+    monkeypatch.setattr(fit, "TABLE", table)
+    rows = [
+        dict(_row(1, 2.0), layout="mn", memory_bound=True, held_out=False),
+        # a held-out row that would open a window for kn if it were read
+        dict(_row(1, 2.0), layout="kn", memory_bound=True, held_out=True),
+        dict(_row(1, 0.5), layout="kn", memory_bound=True, held_out=False),
+    ]
+    suite = tmp_path / "dense_suite.json"
+    suite.write_text(json.dumps({"commit": "abc1234", "rows": rows}))
+    monkeypatch.setattr("sys.argv", ["fit_routing.py", str(suite), "--device", "H200"])
+    fit.main()
+    (entry,) = json.loads(table.read_text())["devices"]
+    rules = {(r["layout"], r["memory_bound"]): r["kernel_log2_k"] for r in entry["rules"]}
+    assert rules[("kn", True)] == [0.0, 0.0]
+    assert rules[("mn", True)][0] == 0.0 and rules[("mn", True)][1] > 0.0
+    assert "abc1234" in entry["evidence"] and math.isclose(len(entry["rules"]), 2)
