@@ -11,11 +11,18 @@ and a residual. The task is synthetic: recall the previous token, x[t-1].
 Exits non-zero if the two curves differ by more than the tolerance. --out
 writes both curves and step times to DIR/train_block_<dtype>.json and the
 curves to a .png beside it (the PNG needs matplotlib).
+
+Times, in wall milliseconds with the host included: the training step as the
+loop runs it (one sync per step, for the loss), the same step dispatched
+back to back (one sync per round), and each block alone (attention, dense MLP,
+MoE MLP: forward + backward of the block's parameters and input). The last
+two alternate between the sides, round by round, and report the median.
 """
 
 import argparse
 import json
 import pathlib
+import statistics
 import sys
 import time
 
@@ -26,6 +33,7 @@ from flax import nnx
 from jax import lax
 
 from jax_cluster import nn as jcnn
+from jax_cluster.tuning.timing import span_ms
 
 VOCAB, SEQ, BATCH, FEATURES, HEADS, HIDDEN, EXPERTS, TOP_K = 64, 32, 16, 64, 4, 128, 4, 2
 
@@ -65,12 +73,21 @@ class Block(nnx.Module):
         mixed = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), heads(v))
         return self.attn_out(mixed.reshape(x.shape))
 
+    def dense_mlp(self, x):
+        return self.mlp_out(self.mlp_act(self.mlp_in(self.norm_mlp(x))))
+
+    def moe_mlp(self, x):
+        return self.moe(self.norm_moe(x))
+
     def __call__(self, tokens):
         x = self.embed(tokens) + self.position(jnp.arange(tokens.shape[1]))
         x = x + self.attention(self.norm_attn(x))
-        x = x + self.mlp_out(self.mlp_act(self.mlp_in(self.norm_mlp(x))))
-        x = x + self.moe(self.norm_moe(x))
+        x = x + self.dense_mlp(x)
+        x = x + self.moe_mlp(x)
         return self.head(self.norm_out(x)).astype(jnp.float32)
+
+
+BLOCKS = {"attention": lambda m, x: m.attention(m.norm_attn(x)), "dense_mlp": Block.dense_mlp, "moe_mlp": Block.moe_mlp}
 
 
 def batches(steps):
@@ -81,7 +98,8 @@ def batches(steps):
 
 
 def train(kind, dtype, steps):
-    """(losses, seconds per step after the first) of one side."""
+    """(losses, seconds per step after the first, final parameters, the
+    timing probes: the step and each block as (function, arguments))."""
     model = Block(kind, dtype, nnx.Rngs(0))
     graph, params, rest = nnx.split(model, nnx.Param, ...)
     optimizer = optax.adamw(3e-3)
@@ -104,7 +122,27 @@ def train(kind, dtype, steps):
         if i == 0:
             start = time.perf_counter()  # the first step compiles
     per_step = (time.perf_counter() - start) / max(steps - 1, 1)
-    return losses, per_step, params
+    probes = {"step": (step, (params, opt_state, tokens, targets))}
+    x = jax.random.normal(jax.random.key(7), (BATCH, SEQ, FEATURES), jnp.float32).astype(dtype)
+    for name, block in BLOCKS.items():
+
+        def block_loss(params, x, block=block):
+            return block(nnx.merge(graph, params, rest), x).astype(jnp.float32).sum()
+
+        probes[name] = (jax.grad(block_loss, argnums=(0, 1)), (params, x))
+    return losses, per_step, params, probes
+
+
+def interleaved_ms(probes_by_side, rounds=5, calls=50):
+    """{probe: {side: median wall ms}} with the sides alternating round by round."""
+    times = {name: {side: [] for side in probes_by_side} for name in next(iter(probes_by_side.values()))}
+    for r in range(rounds):
+        sides = list(probes_by_side) if r % 2 == 0 else list(probes_by_side)[::-1]
+        for name in times:
+            for side in sides:
+                fn, args = probes_by_side[side][name]
+                times[name][side].append(span_ms(fn, [args], calls=calls))
+    return {name: {side: statistics.median(ms) for side, ms in by_side.items()} for name, by_side in times.items()}
 
 
 def curve_difference(ours, theirs):
@@ -124,15 +162,18 @@ def main(argv=None):
     parser.add_argument(
         "--out", type=pathlib.Path, default=None, help="directory for train_block_<dtype>.json and .png"
     )
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    parser.add_argument("--calls", type=int, default=50, help="back-to-back calls in one timing round")
     args = parser.parse_args(argv)
     dtype = jnp.dtype(args.dtype)
     tolerance = args.tolerance
     if tolerance is None:
         tolerance = 3e-2 if args.dtype == "bfloat16" else 1e-4
 
-    ours, our_time, our_params = train("jax_cluster", dtype, args.steps)
-    theirs, their_time, their_params = train("flax", dtype, args.steps)
+    ours, our_time, our_params, our_probes = train("jax_cluster", dtype, args.steps)
+    theirs, their_time, their_params, their_probes = train("flax", dtype, args.steps)
     assert jax.tree.structure(our_params) == jax.tree.structure(their_params)
+    timed = interleaved_ms({"jax_cluster": our_probes, "flax": their_probes}, args.rounds, args.calls)
 
     print(f"{jax.devices()[0].platform}, {args.dtype}, {args.steps} steps")
     print(f"{'step':>6} {'jax_cluster':>12} {'flax':>12}")
@@ -141,7 +182,13 @@ def main(argv=None):
     print(f"{args.steps - 1:>6} {ours[-1]:>12.5f} {theirs[-1]:>12.5f}")
     diff = curve_difference(ours, theirs)
     print(f"max |loss difference| {diff * theirs[0]:.2e} ({diff:.2e} of the first loss, tolerance {tolerance:.0e})")
-    print(f"step time: jax_cluster {our_time * 1e3:.2f} ms, flax {their_time * 1e3:.2f} ms")
+    print(f"step time in the loop: jax_cluster {our_time * 1e3:.2f} ms, flax {their_time * 1e3:.2f} ms")
+    for name, by_side in timed.items():
+        print(
+            f"{name} (back to back, median of {args.rounds} interleaved rounds): jax_cluster "
+            f"{by_side['jax_cluster']:.3f} ms, flax {by_side['flax']:.3f} ms "
+            f"({by_side['flax'] / by_side['jax_cluster']:.2f}x)"
+        )
     if args.out is not None:
         record = {
             "device": jax.devices()[0].device_kind,
@@ -152,7 +199,13 @@ def main(argv=None):
             "max_difference_of_first_loss": diff,
             "tolerance": tolerance,
             "step_ms": {"jax_cluster": our_time * 1e3, "flax": their_time * 1e3},
-            "notes": ["step_ms: wall time per step after the first, host included"],
+            # step and each block, forward + backward, dispatched back to back
+            "timed_ms": timed,
+            "notes": [
+                "step_ms: wall time per step after the first in the training loop, which syncs every step",
+                f"timed_ms: wall ms per call over {args.calls} back-to-back calls synced once, median of "
+                f"{args.rounds} rounds alternating the sides; blocks are forward + backward",
+            ],
         }
         write_record(args.out, f"train_block_{args.dtype}", record)
     return 0 if diff <= tolerance else 1

@@ -22,17 +22,20 @@ def run_example(name, *args):
 
 
 def test_train_block_curves_agree():
-    run = run_example("train_block.py", "--steps", "6")
+    run = run_example("train_block.py", "--steps", "6", "--rounds", "1", "--calls", "2")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "max |loss difference|" in run.stdout and "step time" in run.stdout
 
 
 def test_train_block_writes_its_record(tmp_path):
-    run = run_example("train_block.py", "--steps", "4", "--out", str(tmp_path))
+    run = run_example("train_block.py", "--steps", "4", "--rounds", "2", "--calls", "2", "--out", str(tmp_path))
     assert run.returncode == 0, run.stdout + run.stderr
     record = json.loads((tmp_path / "train_block_bfloat16.json").read_text())
     assert len(record["loss"]["jax_cluster"]) == len(record["loss"]["flax"]) == 4
     assert set(record["step_ms"]) == {"jax_cluster", "flax"}
+    # the step and each block timed on both sides
+    assert set(record["timed_ms"]) == {"step", "attention", "dense_mlp", "moe_mlp"}
+    assert all(set(t) == {"jax_cluster", "flax"} and min(t.values()) > 0 for t in record["timed_ms"].values())
     assert record["max_difference_of_first_loss"] <= record["tolerance"]
 
 
