@@ -2,8 +2,11 @@
 
 Contenders: XLA's `lax.ragged_dot` (and its autodiff), Pallas Mosaic GPU's
 `ragged_dot_mgpu` / `transposed_ragged_dot_mgpu` at the best of a small tile
-sweep, `torch._grouped_mm` as an outside reference (never a dependency), and
-`jax_cluster.ragged_dot`. Each case (M tokens, G groups, K, N; bf16) runs with
+sweep, tokamax's mosaic `ragged_dot` (the backend MaxText picks on GPU) at its
+default config and at the best of a sweep over its Config (block_m, block_k,
+stages, persistent, grid order), each through its own VJP for the backward
+products, `torch._grouped_mm` as an outside reference (never a dependency),
+and `jax_cluster.ragged_dot`. Each case (M tokens, G groups, K, N; bf16) runs with
 uniform and skewed (Dirichlet) group sizes, and three products, each its own
 jitted call:
 
@@ -59,11 +62,13 @@ SUITE = [
 ]
 DISTRIBUTIONS = ("uniform", "skewed")
 PRODUCTS = ("fwd", "d_lhs", "d_rhs")
-CONTENDERS = ("xla", "mgpu", "torch", "jax_cluster")
-OTHERS = ("xla", "mgpu", "torch")  # what jax_cluster is compared against
+CONTENDERS = ("xla", "mgpu", "tokamax", "tokamax_best", "torch", "jax_cluster")
+OTHERS = ("xla", "mgpu", "tokamax", "tokamax_best", "torch")  # what jax_cluster is compared against
 LABELS = {
     "xla": "XLA ragged_dot",
     "mgpu": "Pallas MGPU (best cfg)",
+    "tokamax": "tokamax mosaic (default)",
+    "tokamax_best": "tokamax mosaic (best cfg)",
     "torch": "torch._grouped_mm",
     "jax_cluster": "jax_cluster",
 }
@@ -99,6 +104,22 @@ MGPU_TRANSPOSED_CONFIGS = [
     (128, 64, 64, 6, 4),
     (64, 64, 128, 4, 4),
     (128, 128, 128, 3, 1),
+]
+
+
+# tokamax's mosaic Config sweep on sm90 (a part of tokamax's own autotuning
+# space): (block_m, block_k, num_stages, persistent, grid_minor_dim 0=M 1=N,
+# grid_tile_width); block_n is 64 (its bf16 output swizzle), split_k 1.
+TOKAMAX_FIELDS = ("block_m", "block_k", "num_stages", "persistent", "grid_minor_dim", "grid_tile_width")
+TOKAMAX_CONFIGS = [
+    (64, 128, 2, False, 0, 1),
+    (128, 128, 4, True, 0, 4),
+    (128, 128, 4, False, 1, 4),
+    (64, 256, 4, True, 0, 8),
+    (128, 256, 2, True, 1, 2),
+    (32, 128, 4, True, 0, 4),
+    (64, 128, 4, True, 1, 1),
+    (128, 512, 2, False, 0, 8),
 ]
 
 
@@ -385,6 +406,52 @@ def bench_mgpu(case, product, inputs, gs, reference, settings) -> dict:
     return {**best, "sweep": sweep}
 
 
+# ----------------------------------------------------------------------------- tokamax
+
+
+def tokamax_problem() -> str | None:
+    try:
+        import tokamax  # noqa: F401
+    except Exception as e:
+        return f"unavailable: {brief(e)}"
+    return None
+
+
+def tokamax_ragged_dot(config: dict | None):
+    """tokamax.ragged_dot on its mosaic backend: its own config, or `config`."""
+    import tokamax
+
+    if config is None:
+        implementation = "mosaic"
+    else:
+        # the module tokamax.ragged_dot itself dispatches to: tokamax.ops.gpu
+        # exports the same classes but also imports its Triton ops (jax_triton)
+        from tokamax._src.ops.ragged_dot import pallas_mosaic_gpu as mosaic
+
+        op = mosaic.PallasMosaicGpuRaggedDot(config=mosaic.Config(block_n=64, split_k=1, **config))
+        implementation = [op]
+    return lambda lhs, rhs, gs: tokamax.ragged_dot(lhs, rhs, gs, implementation=implementation)
+
+
+def bench_tokamax(case, product, inputs, gs, reference, settings) -> tuple[dict, dict]:
+    """(its default config's result, the best of the default and the sweep)."""
+    if settings.tokamax_problem:
+        return {"status": settings.tokamax_problem}, {"status": settings.tokamax_problem}
+    flops, iterations = case.flops, settings.iterations
+    default = bench_jax_contender(tokamax_ragged_dot(None), product, inputs, gs, reference, flops, iterations)
+    best = {**default, "config": "default"} if default["status"] == "ok" else None
+    sweep = []
+    for values in TOKAMAX_CONFIGS[: settings.tokamax_config_limit]:
+        cfg = dict(zip(TOKAMAX_FIELDS, values))
+        result = bench_jax_contender(tokamax_ragged_dot(cfg), product, inputs, gs, reference, flops, iterations)
+        sweep.append({"config": cfg, **result})
+        if result["status"] == "ok" and (best is None or result["ms"] < best["ms"]):
+            best = {**result, "config": cfg}
+    if best is None:
+        return default, {"status": "failed: no config of the sweep ran correctly", "sweep": sweep}
+    return default, {**best, "sweep": sweep}
+
+
 # ----------------------------------------------------------------------------- torch
 
 
@@ -557,6 +624,8 @@ class Settings:
     products: tuple[str, ...]
     mgpu_problem: str | None
     mgpu_config_limit: int
+    tokamax_problem: str | None
+    tokamax_config_limit: int
     torch_module: object
     torch_problem: str | None
     torch_note: str | None
@@ -581,6 +650,7 @@ def bench_product(case, product, inputs, gs, torch_state, settings) -> dict:
     results["jax_cluster"] = bench_jax_cluster(case, product, inputs, gs, reference, settings)
     results["torch"] = bench_torch(case, product, torch_state, reference, settings)
     results["mgpu"] = bench_mgpu(case, product, inputs, gs, reference, settings)
+    results["tokamax"], results["tokamax_best"] = bench_tokamax(case, product, inputs, gs, reference, settings)
     return make_row(case, product, results, reference_source)
 
 
@@ -658,7 +728,7 @@ def print_header() -> None:
 
 
 def print_row(row: dict) -> None:
-    cells = "".join(" " + cell(row["contenders"][n]) for n in CONTENDERS)
+    cells = "".join(" " + cell(row["contenders"].get(n, {"status": "absent"})) for n in CONTENDERS)
     mgpu = row["contenders"]["mgpu"]
     extra = f"  mgpu {mgpu['config']}" if "config" in mgpu else ""
     print(
@@ -690,7 +760,7 @@ def summarize(rows: list[dict]) -> dict:
         elif r["jax_cluster_vs_xla"] < TARGET_VS_XLA:
             misses.append(f"{label(r)}: {r['jax_cluster_vs_xla']:.2f}x XLA")
     vs_best = geomean(r["jax_cluster_vs_best_other"] for r in rows)
-    per_contender = {n: geomean(r["contenders"][n].get("speedup_vs_xla") for r in rows) for n in CONTENDERS}
+    per_contender = {n: geomean(r["contenders"].get(n, {}).get("speedup_vs_xla") for r in rows) for n in CONTENDERS}
     return {
         "rows": len(rows),
         "geomean_jax_cluster_vs_xla": geomean(r["jax_cluster_vs_xla"] for r in rows),
@@ -742,7 +812,7 @@ def plot(payload: dict, path: pathlib.Path) -> None:
     fig, ax = plt.subplots(figsize=(max(10, len(rows) * 0.7), 6))
     for j, name in enumerate(CONTENDERS):
         xs = [i + (j - (len(CONTENDERS) - 1) / 2) * width for i in range(len(rows))]
-        ys = [r["contenders"][name].get("tflops", np.nan) for r in rows]
+        ys = [r["contenders"].get(name, {}).get("tflops", np.nan) for r in rows]
         ax.bar(xs, ys, width, label=LABELS[name])
         if name == "jax_cluster":  # its speedup over XLA above its bar
             for x, y, r in zip(xs, ys, rows):
@@ -773,6 +843,10 @@ def parse_args(argv=None):
     parser.add_argument("--products", default=",".join(PRODUCTS), help="fwd,d_lhs,d_rhs")
     parser.add_argument("--skip-mgpu", action="store_true", help="leave out Pallas Mosaic GPU")
     parser.add_argument("--skip-torch", action="store_true", help="leave out torch._grouped_mm")
+    parser.add_argument("--skip-tokamax", action="store_true", help="leave out tokamax")
+    parser.add_argument(
+        "--tokamax-configs", type=int, default=8, help="how many configs of tokamax's sweep to try (at most 8)"
+    )
     parser.add_argument(
         "--mgpu-configs", type=int, default=8, help="how many configs of each Pallas MGPU sweep to try (at most 8)"
     )
@@ -803,6 +877,8 @@ def make_settings(args, device_kind: str) -> Settings:
         products=args.products,
         mgpu_problem=mgpu_problem,
         mgpu_config_limit=min(8, args.mgpu_configs),
+        tokamax_problem="skipped (--skip-tokamax)" if args.skip_tokamax else tokamax_problem(),
+        tokamax_config_limit=min(len(TOKAMAX_CONFIGS), args.tokamax_configs),
         torch_module=torch,
         torch_problem=torch_problem,
         torch_note=torch_note,
@@ -821,7 +897,11 @@ def describe_run(settings: Settings, device: str) -> dict:
         "skew": {"distribution": "dirichlet", "alpha": SKEW_ALPHA, "numpy_seed": SKEW_SEED},
         "max_rel_err": MAX_REL_ERR,
         "target_vs_xla": TARGET_VS_XLA,
-        "unavailable": {"mgpu": settings.mgpu_problem, "torch": settings.torch_problem},
+        "unavailable": {
+            "mgpu": settings.mgpu_problem,
+            "tokamax": settings.tokamax_problem,
+            "torch": settings.torch_problem,
+        },
         "notes": [
             "FLOPs = 2*sum(group_sizes)*K*N for every product.",
             "JAX contenders: CUPTI kernel time (all kernels of the call), inputs rotated "
@@ -833,6 +913,9 @@ def describe_run(settings: Settings, device: str) -> dict:
             "per-group dots when XLA failed ('per_group_f32').",
             "Pallas MGPU: fwd = ragged_dot, d_lhs = ragged_dot(transpose_rhs=True), "
             "d_rhs = transposed_ragged_dot; best of the sweep, all configs in 'sweep'.",
+            "tokamax: tokamax.ragged_dot(implementation='mosaic') at its own config ('tokamax') and "
+            "the best of it and a Config sweep ('tokamax_best', all configs in 'sweep'); d_lhs/d_rhs "
+            "through tokamax's VJP.",
         ],
     }
 

@@ -91,16 +91,21 @@ class MoEMLP(nnx.Module):
         per_block = tokens.shape[0] // blocks
         logits = self.router(tokens).reshape(blocks, per_block, -1)
         order, weights, sizes = jax.vmap(functools.partial(route, top_k=self.top_k))(logits)
-        by_block = tokens.reshape(blocks, per_block, features)
-        rows = jnp.take_along_axis(by_block, (order // self.top_k)[..., None], axis=1)
+        return self.routed(tokens.reshape(blocks, per_block, features), order, weights, sizes).reshape(x.shape)
+
+    def routed(self, tokens, order, weights, sizes):
+        """The experts' part for tokens already routed: `tokens` [S, T, D] in S
+        blocks, and per block what `route` gives (`order` and `weights`
+        [S, T*top_k], `sizes` [S, E]). Returns [S, T, D]."""
+        blocks, per_block, features = tokens.shape
+        rows = jnp.take_along_axis(tokens, (order // self.top_k)[..., None], axis=1)
         rows = rows.reshape(-1, features)  # [S*T*top_k, D], sorted
         sizes = sizes if blocks > 1 else sizes[0]
         hidden = self.activation(self.gate(rows, sizes)) * self.up(rows, sizes)
         out = self.down(hidden, sizes).reshape(blocks, per_block * self.top_k, features)
         # back to (token, slot) order, then each token's weighted sum over its slots
         unsorted = jnp.take_along_axis(out, jnp.argsort(order, axis=-1)[..., None], axis=1)
-        combined = (
+        return (
             unsorted.reshape(blocks, per_block, self.top_k, features)
             * weights.reshape(blocks, per_block, self.top_k, 1).astype(out.dtype)
         ).sum(2)
-        return combined.reshape(x.shape)

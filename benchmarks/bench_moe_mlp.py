@@ -1,0 +1,447 @@
+"""The mixture-of-experts MLP, forward + backward, as users train it: one
+layer on jax_cluster, tokamax, XLA and torch, side by side in one run.
+
+The unit timed is `jax_cluster.nn.MoEMLP.routed`: the routed tokens gathered
+in expert order, the gate and up grouped products, SwiGLU (silu(gate) * up),
+the down grouped product, and each token's weighted sum over its top-k
+experts; forward plus the backward for the tokens and all three expert
+weights. The router (a [D, E] linear and the top-k sort) is not included: the
+routing is drawn from a distribution, so every contender sees the same group
+sizes. The distributions: `uniform` (every expert gets T*top_k/E rows),
+`skewed` (expert shares from Dirichlet(0.5), each token's top_k drawn from
+them) and `one_hot` (every token picks experts 0..top_k-1).
+
+Contenders, each the same MoEMLP layer with another `ragged_dot`:
+- jax_cluster: `jax_cluster.ragged_dot` (the grouped kernels);
+- tokamax: `tokamax.ragged_dot(..., implementation="mosaic")`, its default
+  config (the backend MaxText picks on GPU);
+- xla: `jax.lax.ragged_dot`;
+- torch: the same layer on `torch._grouped_mm` with autograd, an outside
+  reference only (CUDA-event time; see bench_ragged.torch_event_ms);
+- with --experimental-xla, XLA's experimental GPU paths for ragged dots, each
+  in a process of its own (they are process-wide settings): the cuDNN
+  ragged-dot fusion, the grouped-GEMM rewrite and the Pallas-Triton lowering
+  (`xla_cudnn`, `xla_grouped_gemm`, `xla_pallas_triton`; see XLA_PATHS). A path
+  the installed jax or XLA lacks is recorded with its error.
+A contender that cannot run a case is recorded with its error (`*_error`),
+never dropped. Weights and activations are bf16; the JAX contenders share one
+copy of the weights.
+
+Checks before timing: jax_cluster's forward against a float32 evaluation of
+sampled tokens, and every other contender's output and gradients against
+jax_cluster's (bf16 both sides). Device time from CUPTI for the JAX
+contenders. Writes moe_mlp.json ({"rows": [{"config", "tokens", "routing",
+"jc_ms", "tokamax_ms", "xla_ms", "torch_ms", ...}]}) and a PNG.
+
+    python benchmarks/bench_moe_mlp.py --list                 # the cases, no GPU
+    python benchmarks/bench_moe_mlp.py --out benchmarks/results/h200
+    python benchmarks/bench_moe_mlp.py --smoke                # tiny shapes, any device
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import bench_ragged  # noqa: E402
+import common  # noqa: E402
+
+import jax_cluster  # noqa: E402
+from jax_cluster.nn import MoEMLP  # noqa: E402
+from jax_cluster.tuning import timing  # noqa: E402
+from jax_cluster.tuning.accuracy import relative_error  # noqa: E402
+
+DTYPE = jnp.bfloat16
+ROUTINGS = ("uniform", "skewed", "one_hot")
+SKEW_ALPHA, SEED = 0.5, 20261202
+MAX_REL_ERR = 3e-2  # bf16 layers against each other; the f32 check is tighter
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    name: str
+    features: int  # D, the model width
+    hidden: int  # each expert's hidden width
+    experts: int
+    top_k: int
+
+    def flops(self, tokens: int) -> int:
+        """Forward + backward: three grouped products forward, six backward."""
+        return 9 * 2 * tokens * self.top_k * self.features * self.hidden
+
+
+# Published configurations (model width, expert hidden width, experts, top-k)
+CONFIGS = [
+    Config("mixtral-8x7b", 4096, 14336, 8, 2),
+    Config("mixtral-8x22b", 6144, 16384, 8, 2),
+    Config("deepseek-v2-lite", 2048, 1408, 64, 6),
+    Config("deepseek-v3", 7168, 2048, 256, 8),
+    Config("qwen3-30b-a3b", 2048, 768, 128, 8),
+    Config("qwen3-235b-a22b", 4096, 1536, 128, 8),
+    Config("olmoe-1b-7b", 2048, 1024, 64, 8),
+    Config("gpt-oss-20b", 2880, 2880, 32, 4),
+    Config("gpt-oss-120b", 2880, 2880, 128, 4),
+    Config("dbrx", 6144, 10752, 16, 4),
+    Config("phi-3.5-moe", 4096, 6400, 16, 2),
+    Config("llama4-scout", 5120, 8192, 16, 1),
+    Config("granite-3-3b-a800m", 1536, 512, 40, 8),
+]
+TRAINING_TOKENS = 8192
+# XLA's experimental ragged-dot paths: (environment variable, value) or a jax config name
+XLA_PATHS = {
+    "xla_cudnn": ("XLA_FLAGS", "--xla_gpu_experimental_use_ragged_dot_fusion=true"),
+    "xla_grouped_gemm": ("XLA_FLAGS", "--xla_gpu_experimental_use_ragged_dot_grouped_gemm=true"),
+    "xla_pallas_triton": ("jax_config", "jax_ragged_dot_use_gpu_pallas_triton_lowering"),
+}
+SMOKE = [Config("smoke-a", 64, 128, 8, 2), Config("smoke-b", 128, 64, 16, 4)]
+
+
+def assignment(routing: str, tokens: int, experts: int, top_k: int):
+    """Each token's top_k distinct experts [T, top_k], drawn with a fixed seed."""
+    rng = np.random.default_rng(SEED)
+    if routing == "uniform":  # token t takes experts t*top_k .. t*top_k+top_k-1 (mod E)
+        return (np.arange(tokens)[:, None] * top_k + np.arange(top_k)[None, :]) % experts
+    if routing == "one_hot":
+        return np.broadcast_to(np.arange(top_k), (tokens, top_k)).copy()
+    if routing == "skewed":  # Gumbel top-k on log shares: k distinct experts per token
+        shares = rng.dirichlet(np.full(experts, SKEW_ALPHA))
+        keys = np.log(shares + 1e-30)[None, :] + rng.gumbel(size=(tokens, experts))
+        return np.argsort(-keys, axis=1)[:, :top_k]
+    raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
+
+
+def routed_inputs(experts_of: np.ndarray, num_experts: int):
+    """What `route` would give for these choices: order, weights and group sizes."""
+    tokens, top_k = experts_of.shape
+    flat = experts_of.reshape(-1)
+    order = np.argsort(flat, kind="stable").astype(np.int32)
+    logits = np.random.default_rng(SEED + 1).normal(size=(tokens, top_k))
+    weights = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    sizes = np.bincount(flat, minlength=num_experts).astype(np.int32)
+    return jnp.asarray(order), jnp.asarray(weights.reshape(-1), jnp.float32), jnp.asarray(sizes)
+
+
+def tokamax_ragged_dot():
+    """tokamax.ragged_dot on its mosaic backend, or the import error."""
+    try:
+        import tokamax
+    except Exception as e:  # recorded as the contender's error
+        return None, bench_ragged.brief(e)
+
+    def ragged_dot(lhs, rhs, group_sizes, *args, **kwargs):
+        return tokamax.ragged_dot(lhs, rhs, group_sizes, *args, implementation="mosaic", **kwargs)
+
+    return ragged_dot, None
+
+
+def make_layer(cfg: Config, ragged_dot, abstract: bool):
+    def build():
+        return MoEMLP(
+            cfg.features,
+            cfg.hidden,
+            cfg.experts,
+            cfg.top_k,
+            dtype=DTYPE,
+            param_dtype=DTYPE,
+            ragged_dot=ragged_dot,
+            rngs=nnx.Rngs(0),
+        )
+
+    return nnx.split(nnx.eval_shape(build) if abstract else build())
+
+
+def step_fn(graph):
+    """(state, x, dy, order, weights, sizes) -> (y, state gradient, x gradient)."""
+
+    def forward(state, x, order, weights, sizes):
+        return nnx.merge(graph, state).routed(x[None], order[None], weights[None], sizes[None])[0]
+
+    def step(state, x, dy, order, weights, sizes):
+        y, pullback = jax.vjp(lambda s, t: forward(s, t, order, weights, sizes), state, x)
+        return y, *pullback(dy)
+
+    return forward, step
+
+
+def sampled_reference(state, cfg: Config, x, experts_of, weights, samples: int):
+    """A float32 evaluation of the layer for the first `samples` tokens, one
+    token at a time through its own experts' weights (no grouped product)."""
+    gate, up, down = (kernel(state, name) for name in ("gate", "up", "down"))
+    f32 = lambda w: w.astype(jnp.float32)  # noqa: E731  one expert's slice at a time
+    rows = []
+    for t in range(samples):
+        y = jnp.zeros((cfg.features,), jnp.float32)
+        xt = x[t].astype(jnp.float32)
+        for j in range(cfg.top_k):
+            e = int(experts_of[t, j])
+            h = jax.nn.silu(xt @ f32(gate[e])) * (xt @ f32(up[e]))
+            y = y + weights[t * cfg.top_k + j] * (h @ f32(down[e]))
+        rows.append(y)
+    return jnp.stack(rows)
+
+
+def kernel(state, name):
+    """The [E, in, out] weights of one of the layer's grouped products."""
+    return jax.tree.leaves(state[name])[0]
+
+
+def agreement(ours, theirs) -> float:
+    """The largest relative error over the output and every gradient."""
+    return max(
+        float(relative_error(a, b.astype(jnp.float32)))
+        for a, b in zip(jax.tree.leaves(theirs), jax.tree.leaves(ours), strict=True)
+    )
+
+
+# ----------------------------------------------------------------------------- torch
+
+
+def torch_layer_ms(torch, cfg, state, x, dy, experts_of, weights, sizes, iterations):
+    """(ms, outputs) of the same layer on torch._grouped_mm, forward + backward."""
+    to_t = lambda a: bench_ragged.to_torch(torch, a)  # noqa: E731
+    wg, wu, wd = (to_t(kernel(state, n)).requires_grad_() for n in ("gate", "up", "down"))
+    xt = to_t(x).requires_grad_()
+    dyt = to_t(dy)
+    flat = torch.as_tensor(np.asarray(experts_of).reshape(-1), device="cuda")
+    order = torch.argsort(flat, stable=True)
+    inverse = torch.argsort(order)
+    offs = torch.cumsum(torch.as_tensor(np.asarray(sizes), device="cuda"), 0).to(torch.int32)
+    w = torch.as_tensor(np.asarray(weights), device="cuda").to(torch.bfloat16).reshape(-1, cfg.top_k, 1)
+
+    def run():
+        rows = xt[order // cfg.top_k]
+        h = torch.nn.functional.silu(torch._grouped_mm(rows, wg, offs=offs)) * torch._grouped_mm(rows, wu, offs=offs)
+        out = torch._grouped_mm(h, wd, offs=offs)[inverse].reshape(-1, cfg.top_k, cfg.features)
+        y = (out * w).sum(1)
+        grads = torch.autograd.grad(y, (wg, wu, wd, xt), dyt)
+        return y, grads
+
+    y, grads = run()
+    outputs = [bench_ragged.from_torch(torch, t.detach()) for t in (y, *grads)]
+    ms = bench_ragged.torch_event_ms(torch, run, [()], iterations)
+    return ms, outputs
+
+
+# ----------------------------------------------------------------------------- one case
+
+
+def measure(cfg: Config, tokens: int, routing: str, contenders: dict, iterations: int, samples: int, torch_too=True):
+    row = {
+        "config": cfg.name,
+        "features": cfg.features,
+        "hidden": cfg.hidden,
+        "experts": cfg.experts,
+        "top_k": cfg.top_k,
+        "tokens": tokens,
+        "routing": routing,
+        "router_included": False,
+        "flops": cfg.flops(tokens),
+    }
+    experts_of = assignment(routing, tokens, cfg.experts, cfg.top_k)
+    order, weights, sizes = routed_inputs(experts_of, cfg.experts)
+    row["largest_group"], row["empty_groups"] = int(sizes.max()), int((sizes == 0).sum())
+    kx, kdy = jax.random.split(jax.random.key(tokens + cfg.features))
+    x = common.randn(kx, (tokens, cfg.features), DTYPE)
+    dy = common.randn(kdy, (tokens, cfg.features), DTYPE)
+    graph, state = make_layer(cfg, jax_cluster.ragged_dot, abstract=False)
+    forward, step = step_fn(graph)
+    ours = jax.jit(step)(state, x, dy, order, weights, sizes)
+    want = sampled_reference(state, cfg, x, experts_of, weights, samples)
+    row["jc_rel_err_vs_f32"] = float(relative_error(ours[0][:samples], want))
+    if not row["jc_rel_err_vs_f32"] < 2e-2:
+        raise RuntimeError(f"{cfg.name} {routing}: jax_cluster's forward is off by {row['jc_rel_err_vs_f32']:.2e}")
+    args = [(state, x, dy, order, weights, sizes)]
+    timer = timing.cupti_ms if timing.cupti_works(x) else timing.wall_ms
+    row["timing"] = "cupti" if timer is timing.cupti_ms else "wall"
+    row["jc_ms"] = timer(step, args, iterations)
+    for name, (ragged_dot, why_not) in contenders.items():
+        row[f"{name}_ms"] = None
+        if ragged_dot is None:
+            row[f"{name}_error"] = why_not
+            continue
+        try:
+            other_graph, _ = make_layer(cfg, ragged_dot, abstract=True)
+            _, other = step_fn(other_graph)
+            got = jax.jit(other)(state, x, dy, order, weights, sizes)
+            err = agreement(ours, got)
+            row[f"{name}_rel_err_vs_jc"] = err
+            if not err < MAX_REL_ERR:
+                row[f"{name}_error"] = f"wrong: relative error {err:.2e} against jax_cluster"
+                continue
+            row[f"{name}_ms"] = timer(other, args, iterations)
+        except Exception as e:  # a contender that cannot run the case is recorded, never fatal
+            row[f"{name}_error"] = bench_ragged.brief(e)
+    torch, why_not = bench_ragged.load_torch() if torch_too else (None, "not run in this process")
+    row["torch_ms"] = None
+    if torch is None:
+        row["torch_error"] = why_not
+    else:
+        try:
+            ms, got = torch_layer_ms(torch, cfg, state, x, dy, experts_of, weights, sizes, iterations)
+            err = max(float(relative_error(g, w.astype(jnp.float32))) for g, w in zip(got, jax.tree.leaves(ours)))
+            row["torch_rel_err_vs_jc"] = err
+            if err < MAX_REL_ERR:
+                row["torch_ms"] = ms
+            else:
+                row["torch_error"] = f"wrong: relative error {err:.2e} against jax_cluster"
+        except Exception as e:
+            row["torch_error"] = bench_ragged.brief(e)
+    del forward
+    return row
+
+
+# ----------------------------------------------------------------------------- XLA's experimental paths
+
+
+def experimental_xla(path: str, argv: list[str]) -> list[dict]:
+    """The rows of a child process that runs only XLA's contender on `path`."""
+    setting, value = XLA_PATHS[path]
+    env = dict(os.environ)
+    if setting == "XLA_FLAGS":
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {value}".strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        rows_file = pathlib.Path(tmp) / "rows.json"
+        child = [sys.executable, __file__, *argv, "--xla-only", path, "--rows-file", str(rows_file)]
+        run = subprocess.run(child, env=env, capture_output=True, text=True)
+        if run.returncode != 0 or not rows_file.exists():
+            tail = (run.stderr or run.stdout).strip().splitlines()[-1:] or ["no output"]
+            return [{"error": f"exit {run.returncode}: {tail[0][:300]}"}]
+        return json.loads(rows_file.read_text())
+
+
+def merge_experimental(rows: list[dict], path: str, child_rows: list[dict]) -> None:
+    by_case = {(r["config"], r["routing"]): r for r in child_rows if "config" in r}
+    failure = next((r["error"] for r in child_rows if "error" in r), None)
+    for row in rows:
+        child = by_case.get((row["config"], row["routing"]))
+        row[f"{path}_ms"] = child.get("xla_ms") if child else None
+        if row[f"{path}_ms"] is None:
+            row[f"{path}_error"] = (child or {}).get("xla_error") or failure or "not measured"
+
+
+# ----------------------------------------------------------------------------- summary
+
+
+def best_other(row) -> float | None:
+    names = ("tokamax_ms", "xla_ms", "torch_ms", *(f"{path}_ms" for path in XLA_PATHS))
+    times = [row[k] for k in names if row.get(k)]
+    return min(times) if times else None
+
+
+def summary(rows) -> dict:
+    def geomean(values):
+        values = [v for v in values if v]
+        return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+    return {
+        "rows": len(rows),
+        "geomean_speedup_vs_tokamax": geomean(r["tokamax_ms"] / r["jc_ms"] for r in rows if r.get("tokamax_ms")),
+        "geomean_speedup_vs_best_other": geomean(best_other(r) / r["jc_ms"] for r in rows if best_other(r)),
+        "min_speedup_vs_best_other": min((best_other(r) / r["jc_ms"] for r in rows if best_other(r)), default=None),
+        "cases_without_tokamax": sum(1 for r in rows if not r.get("tokamax_ms")),
+    }
+
+
+def plot(payload, path):
+    rows = payload["rows"]
+    labels = [f"{r['config']} {r['routing']}" for r in rows]
+    common.plot_pairs(
+        path,
+        labels,
+        [r.get("tokamax_ms") or float("nan") for r in rows],
+        [r["jc_ms"] for r in rows],
+        baseline_label="tokamax (mosaic)",
+        ratios=[(r.get("tokamax_ms") or float("nan")) / r["jc_ms"] for r in rows],
+        ylabel="ms per forward + backward (device time)",
+        title=f"MoE MLP forward + backward, bf16, {payload['device']}, {payload['tokens']} tokens",
+    )
+
+
+def cases(args):
+    configs = SMOKE if args.smoke else CONFIGS
+    if args.configs:
+        wanted = set(args.configs.split(","))
+        configs = [c for c in configs if c.name in wanted]
+    routings = args.routings.split(",")
+    return [(cfg, routing) for cfg in configs for routing in routings]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common.add_out_argument(parser)
+    parser.add_argument("--tokens", type=int, default=TRAINING_TOKENS)
+    parser.add_argument("--routings", default=",".join(ROUTINGS))
+    parser.add_argument("--configs", default="", help="comma-separated config names (default: all)")
+    parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument("--samples", type=int, default=4, help="tokens checked against float32")
+    parser.add_argument("--smoke", action="store_true", help="tiny configurations, for any device")
+    parser.add_argument("--list", action="store_true", help="print the cases and exit (no GPU)")
+    parser.add_argument(
+        "--experimental-xla", action="store_true", help="also XLA's experimental ragged-dot paths (XLA_PATHS)"
+    )
+    parser.add_argument("--xla-only", choices=sorted(XLA_PATHS), help=argparse.SUPPRESS)
+    parser.add_argument("--rows-file", type=pathlib.Path, help=argparse.SUPPRESS)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    tokens = 64 if args.smoke and args.tokens == TRAINING_TOKENS else args.tokens
+    todo = cases(args)
+    if args.list:
+        for cfg, routing in todo:
+            sizes = np.bincount(assignment(routing, tokens, cfg.experts, cfg.top_k).reshape(-1), minlength=cfg.experts)
+            print(
+                f"{cfg.name:<20} D={cfg.features:<5} H={cfg.hidden:<6} E={cfg.experts:<4} k={cfg.top_k} "
+                f"{routing:<8} rows={tokens * cfg.top_k} largest group {sizes.max()}, empty {int((sizes == 0).sum())}"
+            )
+        print(f"{len(todo)} cases, {tokens} tokens each")
+        return
+    if args.xla_only:  # a child of --experimental-xla: XLA alone, on one path
+        setting, name = XLA_PATHS[args.xla_only]
+        if setting == "jax_config":
+            jax.config.update(name, True)  # an AttributeError if this jax lacks it: the parent records it
+        rows = [measure(c, tokens, r, {"xla": (jax.lax.ragged_dot, None)}, args.iterations, 1, False) for c, r in todo]
+        args.rows_file.write_text(json.dumps(rows))
+        return
+    contenders = {"tokamax": tokamax_ragged_dot(), "xla": (jax.lax.ragged_dot, None)}
+    rows = []
+    for cfg, routing in todo:
+        row = measure(cfg, tokens, routing, contenders, args.iterations, args.samples)
+        rows.append(row)
+        cells = " ".join(
+            f"{k[:-3]} {row[k]:.3f}" if row.get(k) else f"{k[:-3]} -" for k in ("tokamax_ms", "xla_ms", "torch_ms")
+        )
+        print(f"{cfg.name:<20} {routing:<8} jax_cluster {row['jc_ms']:.3f} ms | {cells}", flush=True)
+    child_argv = [a for a in argv if a not in ("--experimental-xla",)]
+    for path in XLA_PATHS if args.experimental_xla else ():
+        merge_experimental(rows, path, experimental_xla(path, child_argv))
+        print(f"{path}: " + ", ".join(f"{r['config']} {r['routing']} {r.get(path + '_ms') or '-'}" for r in rows))
+    payload = {
+        "device": common.device_name(),
+        "jax_version": jax.__version__,
+        "commit": common.run_record()["commit"],
+        "tokens": tokens,
+        "notes": [
+            "ms: device time (CUPTI) of forward + backward of MoEMLP.routed (router not included); torch: CUDA events",
+            "*_error: why a contender has no time for that case",
+        ],
+        "summary": summary(rows),
+        "rows": rows,
+    }
+    common.write_results(common.results_dir(args.out), "moe_mlp", payload, plot)
+    print(json.dumps(payload["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""The MoE MLP benchmark's harness on the CPU: its routing draws, and a smoke
+run whose record has every field the results need (contenders that cannot
+run are recorded with their error)."""
+
+import importlib
+import json
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flax")
+BENCHMARKS = pathlib.Path(__file__).parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCHMARKS))
+    return importlib.import_module("bench_moe_mlp")
+
+
+@pytest.mark.parametrize("routing", ["uniform", "skewed", "one_hot"])
+def test_each_token_gets_top_k_distinct_experts(bench, routing):
+    experts_of = bench.assignment(routing, 512, 16, 4)
+    assert experts_of.shape == (512, 4)
+    assert all(len(set(row)) == 4 for row in experts_of.tolist())
+    sizes = np.bincount(experts_of.reshape(-1), minlength=16)
+    if routing == "uniform":
+        assert sizes.tolist() == [128] * 16
+    if routing == "one_hot":
+        assert sizes[:4].tolist() == [512] * 4 and sizes[4:].sum() == 0
+    if routing == "skewed":  # Dirichlet(0.5) shares: far from even, yet every row placed
+        assert sizes.max() > 2 * 128 and sizes.sum() == 2048
+
+
+def test_routed_inputs_match_the_layers_router(bench):
+    experts_of = bench.assignment("skewed", 64, 8, 2)
+    order, weights, sizes = bench.routed_inputs(experts_of, 8)
+    flat = experts_of.reshape(-1)
+    assert np.all(np.diff(flat[np.asarray(order)]) >= 0)  # rows sorted by expert
+    assert np.asarray(sizes).tolist() == np.bincount(flat, minlength=8).tolist()
+    np.testing.assert_allclose(np.asarray(weights).reshape(64, 2).sum(1), 1.0, rtol=1e-6)
+
+
+def test_a_smoke_run_records_every_contender(bench, tmp_path):
+    bench.main(["--smoke", "--out", str(tmp_path), "--routings", "skewed", "--configs", "smoke-a", "--iterations", "2"])
+    payload = json.loads((tmp_path / "moe_mlp.json").read_text())
+    (row,) = payload["rows"]
+    for field in ("config", "tokens", "routing", "jc_ms", "tokamax_ms", "xla_ms", "torch_ms"):
+        assert field in row
+    assert row["router_included"] is False and row["jc_ms"] > 0
+    assert row["jc_rel_err_vs_f32"] < 2e-2
+    # where a contender has no time, it says why
+    for name in ("tokamax", "xla", "torch"):
+        assert row[f"{name}_ms"] or row[f"{name}_error"]
