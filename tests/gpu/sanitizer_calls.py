@@ -72,10 +72,12 @@ def main() -> int:
             continue
         for schedule in v.schedules if v.problem == "dense" else v.schedules[:1]:
             key, sub = jax.random.split(key)
+            # the call's name first, so a crash inside it names the call
+            print(f"{v.name} {schedule}: ", end="", flush=True)
             err = _dense(v, schedule, sub) if v.problem == "dense" else _grouped(v, sub)
             ok = err <= TOLERANCE[v.out]
             calls, failures = calls + 1, failures + (not ok)
-            print(f"{v.name} {schedule}: relative error {err:.2e} {'ok' if ok else 'FAIL'}", flush=True)
+            print(f"relative error {err:.2e} {'ok' if ok else 'FAIL'}", flush=True)
     print(f"calls: {calls}, failures: {failures}")
     return 1 if failures else 0
 
