@@ -222,7 +222,9 @@ def main(argv=None):
         action="store_true",
         help="autotune each dense layer's GEMMs first; jax_cluster's side runs the winners (MoE layers are skipped)",
     )
+    common.add_route_argument(parser)
     args = parser.parse_args(argv)
+    common.set_route(args.route)
     dense = DENSE if args.dense is None else [tuple(int(v) for v in s.split("x")) for s in args.dense.split(",")]
     cases = (
         [("dense", (1024, 256)), ("moe", (2048, 256, 128, 8, 2))]
@@ -230,7 +232,7 @@ def main(argv=None):
         else ([("dense", s) for s in dense] + [("moe", s) for s in MOE])
     )
     cases = [c for c in cases if args.only in (None, c[0]) and not (args.autotune and c[0] == "moe")]
-    stem = "layers_bf16_autotuned" if args.autotune else "layers_bf16"
+    stem = common.route_stem("layers_bf16_autotuned" if args.autotune else "layers_bf16", args.route)
     if args.autotune:
         import tempfile
 

@@ -163,7 +163,9 @@ def main():
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--layers", default="", help="TxDINxDOUT,... (default: LAYERS)")
     parser.add_argument("--products", default="fwd,dx,dW", help="which of fwd,dx,dW to time")
+    common.add_route_argument(parser)
     args = parser.parse_args()
+    common.set_route(args.route)
     layers = [tuple(int(v) for v in text.split("x")) for text in args.layers.split(",")] if args.layers else LAYERS
     wanted = set(args.products.split(","))
     rows = []
@@ -184,7 +186,9 @@ def main():
                 for variant, tflops in t["by_variant"].items():
                     print(f"    {tflops:6.0f} TF/s  fused {label} ({variant}); XLA {t['xla']:.0f}", flush=True)
     payload = {"device": common.device_name(), "jax_version": jax.__version__, "rows": rows}
-    common.write_results(common.results_dir(args.out), "linear_gemms_bf16", payload, plot)
+    common.write_results(
+        common.results_dir(args.out), common.route_stem("linear_gemms_bf16", args.route), payload, plot
+    )
 
 
 if __name__ == "__main__":

@@ -123,7 +123,9 @@ def main():
     common.add_out_argument(parser)
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--shapes", type=str, default="", help="MxNxK,... (default: the suite)")
+    common.add_route_argument(parser)
     args = parser.parse_args()
+    common.set_route(args.route)
     suite = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SUITE
     rows = []
     bandwidth = hbm_bandwidth(args.iterations)
@@ -163,7 +165,7 @@ def main():
     )
     if small:
         print(f"M <= {SMALL_M}: lowest share of the HBM roofline {min(small):.0%} (target {ROOFLINE_TARGET:.0%})")
-    common.write_results(common.results_dir(args.out), "matmul_bf16", payload, plot)
+    common.write_results(common.results_dir(args.out), common.route_stem("matmul_bf16", args.route), payload, plot)
 
 
 if __name__ == "__main__":

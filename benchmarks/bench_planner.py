@@ -88,7 +88,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.add_out_argument(ap)
     ap.add_argument("--iters", type=int, default=10)
+    common.add_route_argument(ap)
     args = ap.parse_args(argv)
+    common.set_route(args.route)
     shapes = bench_matmul.SUITE
     results = jax_cluster.autotune(shapes, cache=False, progress=False, iters=args.iters)
     rows = [judge(shape, results[shape]) for shape in shapes]
@@ -110,7 +112,9 @@ def main(argv=None) -> int:
     print(
         f"planner within 5% of the best menu candidate on {share:.0%} of {len(rows)} shapes (target {TARGET_SHARE:.0%})"
     )
-    common.write_results(common.results_dir(args.out), "planner_vs_exhaustive", payload, plot)
+    common.write_results(
+        common.results_dir(args.out), common.route_stem("planner_vs_exhaustive", args.route), payload, plot
+    )
     return 0
 
 

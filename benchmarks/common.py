@@ -31,6 +31,23 @@ def results_dir(out: pathlib.Path | None = None) -> pathlib.Path:
     return out if out is not None else manifest.RESULTS / manifest.device_slug(device_name())
 
 
+def add_route_argument(parser) -> None:
+    """--route: what the dense calls run. "measured" is what a user gets (XLA's
+    dot where it measured faster, jax_cluster/planning/routing.json); "kernel"
+    times the kernels wherever one fits."""
+    parser.add_argument("--route", choices=("measured", "kernel"), default="measured", help=add_route_argument.__doc__)
+
+
+def route_stem(base: str, route: str) -> str:
+    """`base`, or `base`_kernel for a run with --route kernel."""
+    return base if route == "measured" else f"{base}_{route}"
+
+
+def set_route(route: str) -> None:
+    """Every plan this process makes from now on takes `route` (JAX_CLUSTER_ROUTE)."""
+    os.environ["JAX_CLUSTER_ROUTE"] = route
+
+
 def add_out_argument(parser) -> None:
     parser.add_argument(
         "--out", type=pathlib.Path, default=None, help="output folder (default: benchmarks/results/<gpu>)"
