@@ -25,7 +25,7 @@ import jax.numpy as jnp
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import common  # noqa: E402
 
-from jax_cluster import _ffi  # noqa: E402
+import jax_cluster  # noqa: E402
 from jax_cluster.planning.dense import plan_gemm  # noqa: E402
 from jax_cluster.primitives.gemm import gemm  # noqa: E402
 from jax_cluster.tuning import timing  # noqa: E402
@@ -97,7 +97,7 @@ def main():
         "jax_version": jax.__version__,
         "xla_flags": flags,
         # False: JAX_CLUSTER_COMMAND_BUFFERS=0, each kernel call its own thunk
-        "jax_cluster_command_buffers": _ffi.command_buffers_enabled(),
+        "jax_cluster_command_buffers": jax_cluster.info().command_buffers,
         "notes": [
             "wall_us: median over interleaved rounds of 50 back-to-back calls of a "
             "jit holding a chain of GEMMs, synced once, per GEMM",
@@ -117,7 +117,7 @@ def main():
         )
     if args.out:
         stem = common.results_stem("host_overhead_bf16", flags)
-        if not _ffi.command_buffers_enabled():
+        if not payload["jax_cluster_command_buffers"]:
             stem += "_thunks"
         common.write_results(args.out, stem, payload, plot)
 

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_cluster import _ffi
-from jax_cluster.planning import tables
+from jax_cluster.planning import routing, tables
 from jax_cluster.planning.dense import plan_gemm
 from jax_cluster.planning.device import describe
 
@@ -27,6 +27,8 @@ class Info:
     sample_call: str
     sample_path: str
     sample_reason: str
+    command_buffers: bool  # whether XLA may trace kernel calls into its CUDA graphs
+    route: str  # the dense calls' default route ("measured" or "kernel")
 
     def __str__(self) -> str:
         lines = [
@@ -38,6 +40,9 @@ class Info:
             lines.append(f"  {len(self.compiled_variants)} of {self.menu_variants} menu variants compiled:")
             lines.extend(f"    {name}" for name in self.compiled_variants)
         lines.append(f"device: {self.device} -> {self.device_arch or 'XLA fallback'}")
+        if self.with_kernels:
+            graphs = "traced into XLA's command buffers" if self.command_buffers else "their own thunks"
+            lines.append(f"kernel calls: {graphs}; dense calls routed: {self.route}")
         lines.append(f"{self.sample_call} takes the {self.sample_path} path: {self.sample_reason}")
         return "\n".join(lines)
 
@@ -60,4 +65,6 @@ def info(device=None) -> Info:
         sample_call="matmul(bf16[4096,4096], bf16[4096,4096])",
         sample_path=p.path,
         sample_reason=p.reason,
+        command_buffers=_ffi.command_buffers_enabled(),
+        route=routing.default_route(),
     )

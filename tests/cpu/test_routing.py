@@ -147,3 +147,11 @@ def test_the_fit_reads_only_the_fitting_families(tmp_path, monkeypatch):
     assert rules[("kn", True)] == [0.0, 0.0]
     assert rules[("mn", True)][0] == 0.0 and rules[("mn", True)][1] > 0.0
     assert "abc1234" in entry["evidence"] and math.isclose(len(entry["rules"]), 2)
+
+
+def test_info_says_how_kernel_calls_run(monkeypatch):
+    monkeypatch.setenv(routing.ROUTE_ENV, "measured")
+    info = jax_cluster.info()
+    assert info.route == "measured" and isinstance(info.command_buffers, bool)
+    if info.with_kernels:
+        assert "dense calls routed: measured" in str(info)
