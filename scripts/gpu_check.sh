@@ -4,7 +4,7 @@
 # $RESULTS/logs.tgz after every step and every 30 s, so a run cut off by a
 # time limit still leaves what finished; $RESULTS also gets prebuilt/_ext*.so.
 # Steps: smoke tests checks selftest sweep sanitize sharding lgemms bench grid planner sched walk
-# layers ragged moe dense hostcost train fallback pytest (pytest: the tests named by $PYTEST_ARGS).
+# layers ragged moe decode dense hostcost train fallback pytest (pytest: the tests named by $PYTEST_ARGS).
 # Offline machines: put the nvidia-cutlass (and absl-py) wheels in .whl/ first; the
 # ragged and moe steps also want tokamax's (tokamax==0.0.17 einshape qwix immutabledict
 # pydantic pydantic-core annotated-types typing-inspection typing-extensions), whose
@@ -109,6 +109,8 @@ for part in ${STEPS:-tests bench grid}; do
            "$PY" benchmarks/bench_linear_gemms.py --out "$LOGS" ${LGEMMS_ARGS:-} 2>&1 | tee "$LOGS/lgemms.log" ;;
     ragged) step "ragged_dot benchmark"
            PYTHONPATH=$PWD/tests/stubs:${PYTHONPATH:-} "$PY" benchmarks/bench_ragged.py --out "$LOGS" ${RAGGED_ARGS:-} 2>&1 | tee "$LOGS/ragged.log" ;;
+    decode) step "ragged_dot at decode sizes against its roofline, tokamax and XLA"
+           PYTHONPATH=$PWD/tests/stubs:${PYTHONPATH:-} "$PY" benchmarks/bench_ragged_decode.py --out "$LOGS" ${DECODE_ARGS:-} 2>&1 | tee "$LOGS/decode.log" ;;
     moe)   step "MoE MLP forward + backward: jax_cluster, tokamax, XLA (and its experimental paths), torch"
            PYTHONPATH=$PWD/tests/stubs:${PYTHONPATH:-} "$PY" benchmarks/bench_moe_mlp.py --out "$LOGS" ${MOE_ARGS:---experimental-xla} 2>&1 | tee "$LOGS/moe.log" ;;
     train) step "examples: train_block (jax_cluster vs flax) and expert_parallel"

@@ -1,0 +1,213 @@
+"""ragged_dot at decode sizes, against its roofline and the other contenders.
+
+At decode an MoE layer's grouped product has few rows per expert and is
+memory-bound: every expert that received a row must stream its whole [K, N]
+weight from HBM once. The roofline of a case is the larger of
+- its compute time at the measured dense bf16 peak (XLA's dot at 8192^3), and
+- the HBM time of the bytes that must move at the measured bandwidth
+  (bench_matmul.hbm_bandwidth): the rows [R, K] read, the weights of the
+  non-empty groups only (a group with no rows costs no weight traffic), and
+  the output [R, N] written.
+Both ceilings are measured in the same run. Each case is rows R = tokens x
+top_k from 1 to 2048 spread over 8 to 256 experts (each token's top_k experts
+drawn uniformly, fixed seed), with layer widths from published MoE models.
+
+Contenders, forward only (decode): jax_cluster.ragged_dot, tokamax's mosaic
+ragged_dot at its default config, and lax.ragged_dot; each checked against a
+float32 per-group reference first, then timed by CUPTI with inputs rotated
+past L2 (bench_ragged's helpers). Writes ragged_decode.json with rows[] of
+{config, tokens, top_k, rows, experts, nonempty_groups, bytes, roofline_ms,
+jc_ms, tokamax_ms, xla_ms, jc_share_of_roofline, jc_vs_tokamax} and a PNG.
+
+    python benchmarks/bench_ragged_decode.py --list
+    python benchmarks/bench_ragged_decode.py --out benchmarks/results/h200
+    python benchmarks/bench_ragged_decode.py --smoke          # tiny shapes, any device
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import bench_matmul  # noqa: E402
+import bench_moe_mlp  # noqa: E402
+import bench_ragged  # noqa: E402
+import common  # noqa: E402
+
+import jax_cluster  # noqa: E402
+from jax_cluster.tuning import timing  # noqa: E402
+
+DTYPE = jnp.bfloat16
+# (name, K, N, experts, top_k): one grouped product of each layer (the gate
+# or up projection; the down projection swaps K and N)
+LAYERS = [
+    ("mixtral-8x7b gate", 4096, 14336, 8, 2),
+    ("olmoe-1b-7b gate", 2048, 1024, 64, 8),
+    ("qwen3-30b-a3b gate", 2048, 768, 128, 8),
+    ("qwen3-30b-a3b down", 768, 2048, 128, 8),
+    ("deepseek-v3 gate", 7168, 2048, 256, 8),
+]
+SMOKE = [("smoke gate", 128, 64, 8, 2), ("smoke down", 64, 128, 16, 4)]
+ROWS = (1, 8, 64, 256, 512, 2048)  # tokens x top_k
+SEED = 20261203
+
+
+def case_sizes(rows: int, experts: int, top_k: int) -> np.ndarray:
+    """Group sizes of rows // top_k tokens each routed to top_k distinct uniform experts."""
+    tokens = max(1, rows // top_k)
+    rng = np.random.default_rng(SEED + rows * 1000 + experts)
+    chosen = np.argsort(rng.random((tokens, experts)), axis=1)[:, :top_k]
+    return np.bincount(chosen.reshape(-1), minlength=experts).astype(np.int32)
+
+
+def moved_bytes(sizes: np.ndarray, k: int, n: int, itemsize: int) -> int:
+    rows = int(sizes.sum())
+    return itemsize * (rows * k + int((sizes > 0).sum()) * k * n + rows * n)
+
+
+def dense_peak_flops(iterations: int) -> float:
+    """bf16 FLOP/s of XLA's dot at 8192^3 on random data, this run."""
+    n = 8192
+    a = common.randn(jax.random.key(1), (n, n), DTYPE)
+    b = common.randn(jax.random.key(2), (n, n), DTYPE)
+    return 2 * n**3 / (timing.cupti_ms(jnp.matmul, [(a, b)], iterations) * 1e-3)
+
+
+def measure(name, k, n, experts, top_k, rows, ceilings, iterations, timer) -> dict:
+    sizes = case_sizes(rows, experts, top_k)
+    m = int(sizes.sum())
+    peak, bandwidth = ceilings
+    nbytes = moved_bytes(sizes, k, n, jnp.dtype(DTYPE).itemsize)
+    roofline_ms = max(2 * m * k * n / peak, nbytes / bandwidth) * 1e3
+    row = {
+        "config": name,
+        "k": k,
+        "n": n,
+        "experts": experts,
+        "top_k": top_k,
+        "tokens": m // top_k,
+        "rows": m,
+        "nonempty_groups": int((sizes > 0).sum()),
+        "bytes": nbytes,
+        "roofline_ms": roofline_ms,
+        "roofline_bound": "memory" if nbytes / bandwidth >= 2 * m * k * n / peak else "compute",
+    }
+    sets = timing.rotation(nbytes)
+    keys = jax.random.split(jax.random.key(rows * 31 + experts), 2 * sets)
+    args = [
+        (common.randn(keys[2 * i], (m, k), DTYPE), common.randn(keys[2 * i + 1], (experts, k, n), DTYPE))
+        for i in range(sets)
+    ]
+    gs = jnp.asarray(sizes)
+    case = bench_ragged.Case(m, experts, k, n, "uniform", tuple(int(s) for s in sizes))
+    first = {"lhs": args[0][0], "rhs": args[0][1], "dy": None}
+    reference = bench_ragged.grouped_reference(case, "fwd", first)
+    tokamax, tokamax_error = bench_moe_mlp.tokamax_ragged_dot()
+    contenders = {"jc": jax_cluster.ragged_dot, "tokamax": tokamax, "xla": jax.lax.ragged_dot}
+    for short, ragged_dot in contenders.items():
+        row[f"{short}_ms"] = None
+        if ragged_dot is None:
+            row[f"{short}_error"] = tokamax_error
+            continue
+        fn = lambda a, b, ragged_dot=ragged_dot: ragged_dot(a, b, gs)  # noqa: E731
+        result = bench_ragged.check_then_time(
+            lambda fn=fn: jax.jit(fn)(*args[0]),
+            lambda fn=fn: timer(fn, args, iterations),
+            reference,
+            1,
+            "cupti",
+        )
+        if result["status"] == "ok":
+            row[f"{short}_ms"] = result["ms"]
+        else:
+            row[f"{short}_error"] = result["status"]
+    if row["jc_ms"]:
+        row["jc_share_of_roofline"] = roofline_ms / row["jc_ms"]
+        row["jc_vs_tokamax"] = row["tokamax_ms"] / row["jc_ms"] if row.get("tokamax_ms") else None
+    return row
+
+
+def summary(rows) -> dict:
+    shares = [r["jc_share_of_roofline"] for r in rows if r.get("jc_share_of_roofline")]
+    versus = [r["jc_vs_tokamax"] for r in rows if r.get("jc_vs_tokamax")]
+    return {
+        "rows": len(rows),
+        "min_share_of_roofline": min(shares, default=None),
+        "cases_below_85pct_of_roofline": sum(s < 0.85 for s in shares),
+        "min_vs_tokamax": min(versus, default=None),
+        "geomean_vs_tokamax": math.exp(sum(map(math.log, versus)) / len(versus)) if versus else None,
+    }
+
+
+def plot(payload, path):
+    rows = payload["rows"]
+    common.plot_pairs(
+        path,
+        [f"{r['config']} R={r['rows']}" for r in rows],
+        [r["roofline_ms"] for r in rows],
+        [r["jc_ms"] or float("nan") for r in rows],
+        baseline_label="roofline",
+        ratios=[r.get("jc_share_of_roofline") or float("nan") for r in rows],
+        ylabel="ms (device time); label: share of the roofline",
+        title=f"ragged_dot at decode sizes, bf16, {payload['device']}",
+    )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common.add_out_argument(parser)
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="tokens x top_k per case")
+    parser.add_argument("--smoke", action="store_true", help="tiny layers, for any device")
+    parser.add_argument("--list", action="store_true", help="print the cases and exit (no GPU)")
+    args = parser.parse_args(argv)
+    layers = SMOKE if args.smoke else LAYERS
+    todo = [(layer, rows) for layer in layers for rows in map(int, args.rows.split(","))]
+    if args.list:
+        for (name, k, n, experts, top_k), rows in todo:
+            sizes = case_sizes(rows, experts, top_k)
+            shape = f"{name:<22} K={k:<5} N={n:<6} E={experts:<4}"
+            print(f"{shape} rows={int(sizes.sum()):<5} non-empty {int((sizes > 0).sum())}")
+        print(f"{len(todo)} cases")
+        return
+    probe = jnp.ones((8,), DTYPE)
+    if timing.cupti_works(probe):
+        timer, ceilings = (
+            timing.cupti_ms,
+            (dense_peak_flops(args.iterations), bench_matmul.hbm_bandwidth(args.iterations)),
+        )
+    else:  # no CUPTI (a CPU): wall time against nominal ceilings, for the harness only
+        timer, ceilings = timing.wall_ms, (1e12, 1e11)
+    print(f"ceilings: {ceilings[0] / 1e12:.0f} TFLOP/s, {ceilings[1] / 1e12:.2f} TB/s")
+    rows = []
+    for (name, k, n, experts, top_k), r in todo:
+        row = measure(name, k, n, experts, top_k, r, ceilings, args.iterations, timer)
+        rows.append(row)
+        cells = " ".join(
+            f"{c} {row[c + '_ms']:.4f}" if row.get(c + "_ms") else f"{c} -" for c in ("jc", "tokamax", "xla")
+        )
+        print(f"{name:<22} rows={row['rows']:<5} roofline {row['roofline_ms']:.4f} ms | {cells}", flush=True)
+    payload = {
+        "device": common.device_name(),
+        "jax_version": jax.__version__,
+        "commit": common.run_record()["commit"],
+        "peak_flops": ceilings[0],
+        "bandwidth_bytes_per_s": ceilings[1],
+        "timing": "cupti" if timer is timing.cupti_ms else "wall",
+        "summary": summary(rows),
+        "rows": rows,
+    }
+    common.write_results(common.results_dir(args.out), "ragged_decode", payload, plot)
+    print(json.dumps(payload["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

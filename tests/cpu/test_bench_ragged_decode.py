@@ -1,0 +1,40 @@
+"""The decode benchmark's harness on the CPU: its routing draw, the bytes its
+roofline counts (weights of non-empty groups only), and a smoke run's record."""
+
+import importlib
+import json
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+BENCHMARKS = pathlib.Path(__file__).parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCHMARKS))
+    return importlib.import_module("bench_ragged_decode")
+
+
+def test_sizes_spread_tokens_over_distinct_experts(bench):
+    sizes = bench.case_sizes(64, 16, 4)
+    assert sizes.sum() == 64 and sizes.max() <= 16  # each of 16 tokens takes an expert once at most
+    assert bench.case_sizes(1, 256, 8).sum() == 8  # one token, top_k rows
+
+
+def test_only_non_empty_groups_move_their_weights(bench):
+    sizes = np.array([3, 0, 0, 1], np.int32)
+    k, n = 128, 64
+    assert bench.moved_bytes(sizes, k, n, 2) == 2 * (4 * k + 2 * k * n + 4 * n)
+
+
+def test_a_smoke_run_records_the_roofline_and_every_contender(bench, tmp_path):
+    bench.main(["--smoke", "--rows", "8", "--iterations", "2", "--out", str(tmp_path)])
+    payload = json.loads((tmp_path / "ragged_decode.json").read_text())
+    assert len(payload["rows"]) == len(bench.SMOKE)
+    for row in payload["rows"]:
+        assert row["roofline_ms"] > 0 and row["jc_ms"] > 0 and row["jc_share_of_roofline"] > 0
+        for name in ("tokamax", "xla"):
+            assert row[f"{name}_ms"] or row[f"{name}_error"]
