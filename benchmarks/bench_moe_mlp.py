@@ -134,19 +134,6 @@ def routed_inputs(experts_of: np.ndarray, num_experts: int):
     return jnp.asarray(order), jnp.asarray(weights.reshape(-1), jnp.float32), jnp.asarray(sizes)
 
 
-def tokamax_ragged_dot():
-    """tokamax.ragged_dot on its mosaic backend, or the import error."""
-    try:
-        import tokamax
-    except Exception as e:  # recorded as the contender's error
-        return None, bench_ragged.brief(e)
-
-    def ragged_dot(lhs, rhs, group_sizes, *args, **kwargs):
-        return tokamax.ragged_dot(lhs, rhs, group_sizes, *args, implementation="mosaic", **kwargs)
-
-    return ragged_dot, None
-
-
 def make_layer(cfg: Config, ragged_dot, abstract: bool):
     def build():
         return MoEMLP(
@@ -166,14 +153,14 @@ def make_layer(cfg: Config, ragged_dot, abstract: bool):
 def step_fn(graph):
     """(state, x, dy, order, weights, sizes) -> (y, state gradient, x gradient)."""
 
-    def forward(state, x, order, weights, sizes):
-        return nnx.merge(graph, state).routed(x[None], order[None], weights[None], sizes[None])[0]
-
     def step(state, x, dy, order, weights, sizes):
-        y, pullback = jax.vjp(lambda s, t: forward(s, t, order, weights, sizes), state, x)
+        def forward(state, x):
+            return nnx.merge(graph, state).routed(x[None], order[None], weights[None], sizes[None])[0]
+
+        y, pullback = jax.vjp(forward, state, x)
         return y, *pullback(dy)
 
-    return forward, step
+    return step
 
 
 def sampled_reference(state, cfg: Config, x, experts_of, weights, samples: int):
@@ -198,19 +185,24 @@ def kernel(state, name):
     return jax.tree.leaves(state[name])[0]
 
 
-def agreement(ours, theirs) -> float:
+def named_outputs(result) -> list:
+    """A step's output and the gradients the layer trains, in one order:
+    y, d gate, d up, d down, dx (the router, outside `routed`, has none)."""
+    y, state_grad, x_grad = result
+    return [y, *(kernel(state_grad, name) for name in ("gate", "up", "down")), x_grad]
+
+
+def agreement(ours: list, theirs: list) -> float:
     """The largest relative error over the output and every gradient."""
-    return max(
-        float(relative_error(a, b.astype(jnp.float32)))
-        for a, b in zip(jax.tree.leaves(theirs), jax.tree.leaves(ours), strict=True)
-    )
+    return max(float(relative_error(t, o.astype(jnp.float32))) for t, o in zip(theirs, ours, strict=True))
 
 
 # ----------------------------------------------------------------------------- torch
 
 
 def torch_layer_ms(torch, cfg, state, x, dy, experts_of, weights, sizes, iterations):
-    """(ms, outputs) of the same layer on torch._grouped_mm, forward + backward."""
+    """(ms, outputs) of the same layer on torch._grouped_mm, forward + backward;
+    the outputs in `named_outputs`' order."""
     to_t = lambda a: bench_ragged.to_torch(torch, a)  # noqa: E731
     wg, wu, wd = (to_t(kernel(state, n)).requires_grad_() for n in ("gate", "up", "down"))
     xt = to_t(x).requires_grad_()
@@ -257,8 +249,8 @@ def measure(cfg: Config, tokens: int, routing: str, contenders: dict, iterations
     x = common.randn(kx, (tokens, cfg.features), DTYPE)
     dy = common.randn(kdy, (tokens, cfg.features), DTYPE)
     graph, state = make_layer(cfg, jax_cluster.ragged_dot, abstract=False)
-    forward, step = step_fn(graph)
-    ours = jax.jit(step)(state, x, dy, order, weights, sizes)
+    step = step_fn(graph)
+    ours = named_outputs(jax.jit(step)(state, x, dy, order, weights, sizes))
     want = sampled_reference(state, cfg, x, experts_of, weights, samples)
     row["jc_rel_err_vs_f32"] = float(relative_error(ours[0][:samples], want))
     if not row["jc_rel_err_vs_f32"] < 2e-2:
@@ -274,9 +266,8 @@ def measure(cfg: Config, tokens: int, routing: str, contenders: dict, iterations
             continue
         try:
             other_graph, _ = make_layer(cfg, ragged_dot, abstract=True)
-            _, other = step_fn(other_graph)
-            got = jax.jit(other)(state, x, dy, order, weights, sizes)
-            err = agreement(ours, got)
+            other = step_fn(other_graph)
+            err = agreement(ours, named_outputs(jax.jit(other)(state, x, dy, order, weights, sizes)))
             row[f"{name}_rel_err_vs_jc"] = err
             if not err < MAX_REL_ERR:
                 row[f"{name}_error"] = f"wrong: relative error {err:.2e} against jax_cluster"
@@ -291,7 +282,7 @@ def measure(cfg: Config, tokens: int, routing: str, contenders: dict, iterations
     else:
         try:
             ms, got = torch_layer_ms(torch, cfg, state, x, dy, experts_of, weights, sizes, iterations)
-            err = max(float(relative_error(g, w.astype(jnp.float32))) for g, w in zip(got, jax.tree.leaves(ours)))
+            err = agreement(ours, got)
             row["torch_rel_err_vs_jc"] = err
             if err < MAX_REL_ERR:
                 row["torch_ms"] = ms
@@ -299,7 +290,6 @@ def measure(cfg: Config, tokens: int, routing: str, contenders: dict, iterations
                 row["torch_error"] = f"wrong: relative error {err:.2e} against jax_cluster"
         except Exception as e:
             row["torch_error"] = bench_ragged.brief(e)
-    del forward
     return row
 
 
@@ -414,7 +404,9 @@ def main(argv=None):
         rows = [measure(c, tokens, r, {"xla": (jax.lax.ragged_dot, None)}, args.iterations, 1, False) for c, r in todo]
         args.rows_file.write_text(json.dumps(rows))
         return
-    contenders = {"tokamax": tokamax_ragged_dot(), "xla": (jax.lax.ragged_dot, None)}
+    why_no_tokamax = bench_ragged.tokamax_problem()
+    tokamax = None if why_no_tokamax else bench_ragged.tokamax_ragged_dot(None)
+    contenders = {"tokamax": (tokamax, why_no_tokamax), "xla": (jax.lax.ragged_dot, None)}
     rows = []
     for cfg, routing in todo:
         row = measure(cfg, tokens, routing, contenders, args.iterations, args.samples)

@@ -430,7 +430,11 @@ def tokamax_ragged_dot(config: dict | None):
 
         op = mosaic.PallasMosaicGpuRaggedDot(config=mosaic.Config(block_n=64, split_k=1, **config))
         implementation = [op]
-    return lambda lhs, rhs, gs: tokamax.ragged_dot(lhs, rhs, gs, implementation=implementation)
+
+    def ragged_dot(lhs, rhs, group_sizes, *args, **kwargs):  # lax.ragged_dot's signature
+        return tokamax.ragged_dot(lhs, rhs, group_sizes, *args, implementation=implementation, **kwargs)
+
+    return ragged_dot
 
 
 def bench_tokamax(case, product, inputs, gs, reference, settings) -> tuple[dict, dict]:
