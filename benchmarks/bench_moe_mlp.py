@@ -382,6 +382,11 @@ def main(argv=None):
     parser.add_argument(
         "--experimental-xla", action="store_true", help="also XLA's experimental ragged-dot paths (XLA_PATHS)"
     )
+    parser.add_argument(
+        "--resume",
+        type=pathlib.Path,
+        help="an earlier moe_mlp.json: its cases are kept, not measured again (a long run split over several)",
+    )
     parser.add_argument("--xla-only", choices=sorted(XLA_PATHS), help=argparse.SUPPRESS)
     parser.add_argument("--rows-file", type=pathlib.Path, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
@@ -404,10 +409,13 @@ def main(argv=None):
         rows = [measure(c, tokens, r, {"xla": (jax.lax.ragged_dot, None)}, args.iterations, 1, False) for c, r in todo]
         args.rows_file.write_text(json.dumps(rows))
         return
+    kept = earlier_rows(args.resume, todo)
+    todo = [(c, r) for c, r in todo if (c.name, r) not in kept]
+    rows = list(kept.values())
+    out_dir = common.results_dir(args.out)
     why_no_tokamax = bench_ragged.tokamax_problem()
     tokamax = None if why_no_tokamax else bench_ragged.tokamax_ragged_dot(None)
     contenders = {"tokamax": (tokamax, why_no_tokamax), "xla": (jax.lax.ragged_dot, None)}
-    rows = []
     for cfg, routing in todo:
         row = measure(cfg, tokens, routing, contenders, args.iterations, args.samples)
         rows.append(row)
@@ -415,10 +423,46 @@ def main(argv=None):
             f"{k[:-3]} {row[k]:.3f}" if row.get(k) else f"{k[:-3]} -" for k in ("tokamax_ms", "xla_ms", "torch_ms")
         )
         print(f"{cfg.name:<20} {routing:<8} jax_cluster {row['jc_ms']:.3f} ms | {cells}", flush=True)
+        write(out_dir, tokens, rows)  # after every case: a run cut off keeps what it measured
     child_argv = [a for a in argv if a not in ("--experimental-xla",)]
     for path in XLA_PATHS if args.experimental_xla else ():
-        merge_experimental(rows, path, experimental_xla(path, child_argv))
+        missing = [r for r in rows if f"{path}_ms" not in r]
+        if missing:
+            names = sorted({r["config"] for r in missing})
+            routings = sorted({r["routing"] for r in missing})
+            child = [*strip_option(child_argv, "--configs"), "--configs", ",".join(names)]
+            child = [*strip_option(child, "--routings"), "--routings", ",".join(routings)]
+            merge_experimental(missing, path, experimental_xla(path, strip_option(child, "--resume")))
+            write(out_dir, tokens, rows)
         print(f"{path}: " + ", ".join(f"{r['config']} {r['routing']} {r.get(path + '_ms') or '-'}" for r in rows))
+    print(json.dumps(summary(rows), indent=1))
+
+
+def earlier_rows(path, todo) -> dict:
+    """{(config, routing): row} of an earlier run's JSON for the cases in `todo`."""
+    if path is None or not path.exists():
+        return {}
+    wanted = {(c.name, r) for c, r in todo}
+    rows = json.loads(path.read_text())["rows"]
+    return {(r["config"], r["routing"]): r for r in rows if (r["config"], r["routing"]) in wanted}
+
+
+def strip_option(argv, name) -> list[str]:
+    """argv without `name` and its value (either `name value` or `name=value`)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == name:
+            skip = True
+        elif not a.startswith(name + "="):
+            out.append(a)
+    return out
+
+
+def write(out_dir, tokens, rows):
+    order = {(c.name, r): i for i, (c, r) in enumerate((c, r) for c in CONFIGS + SMOKE for r in ROUTINGS)}
+    rows.sort(key=lambda r: order.get((r["config"], r["routing"]), len(order)))
     payload = {
         "device": common.device_name(),
         "jax_version": jax.__version__,
@@ -431,8 +475,7 @@ def main(argv=None):
         "summary": summary(rows),
         "rows": rows,
     }
-    common.write_results(common.results_dir(args.out), "moe_mlp", payload, plot)
-    print(json.dumps(payload["summary"], indent=1))
+    common.write_results(out_dir, "moe_mlp", payload, plot)
 
 
 if __name__ == "__main__":
