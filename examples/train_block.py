@@ -2,15 +2,19 @@
 Flax's own, from the same initial parameters and data, and compares the
 loss curves and step times.
 
-    python examples/train_block.py [--steps 200] [--dtype bfloat16|float32] [--out DIR]
+    python examples/train_block.py [--steps 200] [--dtype bfloat16|float32]
+                                   [--size small|medium] [--out DIR]
 
 The block: causal attention (plain jnp), a dense MLP (Linear + bias + gelu,
-one fused kernel on jax_cluster's side)
-and a mixture-of-experts MLP (top-2 of 4 experts), each behind a LayerNorm
-and a residual. The task is synthetic: recall the previous token, x[t-1].
-Exits non-zero if the two curves differ by more than the tolerance. --out
-writes both curves and step times to DIR/train_block_<dtype>.json and the
-curves to a .png beside it (the PNG needs matplotlib).
+one jax_cluster Linear, which fuses them where its kernel runs) and a
+mixture-of-experts MLP (top-2), each behind a LayerNorm and a residual. The
+task is synthetic: recall the previous token, x[t-1]. `--size small` (512
+tokens, width 64, 4 experts) is launch-bound: it checks the loss curves in
+seconds; `medium` (4096 tokens, width 1024, 8 experts of 2816) is a layer
+whose GEMMs take the time. Exits non-zero if the two curves differ by more
+than the tolerance. --out writes both curves and step times to
+DIR/train_block_<dtype>[_<size>].json and the curves to a .png beside it
+(the PNG needs matplotlib).
 
 Times, in wall milliseconds with the host included: the training step as the
 loop runs it (one sync per step, for the loss), the same step dispatched
@@ -20,6 +24,7 @@ two alternate between the sides, round by round, and report the median.
 """
 
 import argparse
+import dataclasses
 import json
 import pathlib
 import statistics
@@ -35,7 +40,23 @@ from jax import lax
 from jax_cluster import nn as jcnn
 from jax_cluster.tuning.timing import span_ms
 
-VOCAB, SEQ, BATCH, FEATURES, HEADS, HIDDEN, EXPERTS, TOP_K = 64, 32, 16, 64, 4, 128, 4, 2
+
+@dataclasses.dataclass(frozen=True)
+class Dims:
+    vocab: int
+    seq: int
+    batch: int
+    features: int
+    heads: int
+    hidden: int
+    experts: int
+    top_k: int
+
+
+SIZES = {
+    "small": Dims(vocab=64, seq=32, batch=16, features=64, heads=4, hidden=128, experts=4, top_k=2),
+    "medium": Dims(vocab=1024, seq=512, batch=8, features=1024, heads=8, hidden=2816, experts=8, top_k=2),
+}
 
 
 def products(kind):
@@ -46,28 +67,30 @@ def products(kind):
 
 
 class Block(nnx.Module):
-    def __init__(self, kind, dtype, rngs):
+    def __init__(self, kind, dims: Dims, dtype, rngs):
         linear, moe_products = products(kind)
         dense = lambda i, o: linear(i, o, dtype=dtype, rngs=rngs)  # noqa: E731
-        self.embed = nnx.Embed(VOCAB, FEATURES, rngs=rngs)
-        self.position = nnx.Embed(SEQ, FEATURES, rngs=rngs)
-        norm = lambda: nnx.LayerNorm(FEATURES, rngs=rngs)  # noqa: E731
+        features, hidden = dims.features, dims.hidden
+        self.heads = dims.heads
+        self.embed = nnx.Embed(dims.vocab, features, rngs=rngs)
+        self.position = nnx.Embed(dims.seq, features, rngs=rngs)
+        norm = lambda: nnx.LayerNorm(features, rngs=rngs)  # noqa: E731
         self.norm_attn, self.norm_mlp, self.norm_moe, self.norm_out = norm(), norm(), norm(), norm()
-        self.qkv, self.attn_out = dense(FEATURES, 3 * FEATURES), dense(FEATURES, FEATURES)
-        # jax_cluster fuses the bias and gelu into the first MLP GEMM's epilogue
+        self.qkv, self.attn_out = dense(features, 3 * features), dense(features, features)
+        # jax_cluster's Linear takes the activation: its kernel's epilogue fuses it with the bias
         if kind == "jax_cluster":
-            self.mlp_in = linear(FEATURES, HIDDEN, activation="gelu", dtype=dtype, rngs=rngs)
+            self.mlp_in = linear(features, hidden, activation="gelu", dtype=dtype, rngs=rngs)
             self.mlp_act = lambda h: h
         else:
-            self.mlp_in, self.mlp_act = dense(FEATURES, HIDDEN), jax.nn.gelu
-        self.mlp_out = dense(HIDDEN, FEATURES)
-        self.moe = jcnn.MoEMLP(FEATURES, HIDDEN, EXPERTS, TOP_K, dtype=dtype, rngs=rngs, **moe_products)
-        self.head = dense(FEATURES, VOCAB)
+            self.mlp_in, self.mlp_act = dense(features, hidden), jax.nn.gelu
+        self.mlp_out = dense(hidden, features)
+        self.moe = jcnn.MoEMLP(features, hidden, dims.experts, dims.top_k, dtype=dtype, rngs=rngs, **moe_products)
+        self.head = dense(features, dims.vocab)
 
     def attention(self, x):
         q, k, v = jnp.split(self.qkv(x), 3, axis=-1)
-        heads = lambda t: t.reshape(*t.shape[:2], HEADS, -1)  # noqa: E731
-        scores = jnp.einsum("bqhd,bkhd->bhqk", heads(q), heads(k)) / (FEATURES // HEADS) ** 0.5
+        heads = lambda t: t.reshape(*t.shape[:2], self.heads, -1)  # noqa: E731
+        scores = jnp.einsum("bqhd,bkhd->bhqk", heads(q), heads(k)) / (x.shape[-1] // self.heads) ** 0.5
         causal = jnp.tril(jnp.ones((x.shape[1], x.shape[1]), bool))
         probs = jax.nn.softmax(jnp.where(causal, scores.astype(jnp.float32), -1e9), axis=-1)
         mixed = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), heads(v))
@@ -90,17 +113,17 @@ class Block(nnx.Module):
 BLOCKS = {"attention": lambda m, x: m.attention(m.norm_attn(x)), "dense_mlp": Block.dense_mlp, "moe_mlp": Block.moe_mlp}
 
 
-def batches(steps):
+def batches(dims: Dims, steps):
     keys = jax.random.split(jax.random.key(42), steps)
     for key in keys:
-        tokens = jax.random.randint(key, (BATCH, SEQ), 0, VOCAB)
+        tokens = jax.random.randint(key, (dims.batch, dims.seq), 0, dims.vocab)
         yield tokens, jnp.roll(tokens, 1, axis=1)
 
 
-def train(kind, dtype, steps):
+def train(kind, dims: Dims, dtype, steps):
     """(losses, seconds per step after the first, final parameters, the
     timing probes: the step and each block as (function, arguments))."""
-    model = Block(kind, dtype, nnx.Rngs(0))
+    model = Block(kind, dims, dtype, nnx.Rngs(0))
     graph, params, rest = nnx.split(model, nnx.Param, ...)
     optimizer = optax.adamw(3e-3)
 
@@ -116,14 +139,14 @@ def train(kind, dtype, steps):
 
     opt_state = optimizer.init(params)
     losses, start = [], None
-    for i, (tokens, targets) in enumerate(batches(steps)):
+    for i, (tokens, targets) in enumerate(batches(dims, steps)):
         params, opt_state, loss = step(params, opt_state, tokens, targets)
         losses.append(float(loss))  # waits for the step
         if i == 0:
             start = time.perf_counter()  # the first step compiles
     per_step = (time.perf_counter() - start) / max(steps - 1, 1)
     probes = {"step": (step, (params, opt_state, tokens, targets))}
-    x = jax.random.normal(jax.random.key(7), (BATCH, SEQ, FEATURES), jnp.float32).astype(dtype)
+    x = jax.random.normal(jax.random.key(7), (dims.batch, dims.seq, dims.features), jnp.float32).astype(dtype)
     for name, block in BLOCKS.items():
 
         def block_loss(params, x, block=block):
@@ -156,6 +179,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--size", choices=sorted(SIZES), default="small")
     parser.add_argument(
         "--tolerance", type=float, default=None, help="max |loss difference| / first loss (default 3e-2 bf16, 1e-4 f32)"
     )
@@ -170,12 +194,13 @@ def main(argv=None):
     if tolerance is None:
         tolerance = 3e-2 if args.dtype == "bfloat16" else 1e-4
 
-    ours, our_time, our_params, our_probes = train("jax_cluster", dtype, args.steps)
-    theirs, their_time, their_params, their_probes = train("flax", dtype, args.steps)
+    dims = SIZES[args.size]
+    ours, our_time, our_params, our_probes = train("jax_cluster", dims, dtype, args.steps)
+    theirs, their_time, their_params, their_probes = train("flax", dims, dtype, args.steps)
     assert jax.tree.structure(our_params) == jax.tree.structure(their_params)
     timed = interleaved_ms({"jax_cluster": our_probes, "flax": their_probes}, args.rounds, args.calls)
 
-    print(f"{jax.devices()[0].platform}, {args.dtype}, {args.steps} steps")
+    print(f"{jax.devices()[0].platform}, {args.dtype}, {args.size} block {dims}, {args.steps} steps")
     print(f"{'step':>6} {'jax_cluster':>12} {'flax':>12}")
     for i in range(0, args.steps, max(args.steps // 10, 1)):
         print(f"{i:>6} {ours[i]:>12.5f} {theirs[i]:>12.5f}")
@@ -194,6 +219,8 @@ def main(argv=None):
             "device": jax.devices()[0].device_kind,
             "platform": jax.devices()[0].platform,
             "dtype": args.dtype,
+            "size": args.size,
+            "dims": dataclasses.asdict(dims),
             "steps": args.steps,
             "loss": {"jax_cluster": ours, "flax": theirs},
             "max_difference_of_first_loss": diff,
@@ -207,7 +234,8 @@ def main(argv=None):
                 f"{args.rounds} rounds alternating the sides; blocks are forward + backward",
             ],
         }
-        write_record(args.out, f"train_block_{args.dtype}", record)
+        suffix = "" if args.size == "small" else f"_{args.size}"
+        write_record(args.out, f"train_block_{args.dtype}{suffix}", record)
     return 0 if diff <= tolerance else 1
 
 
@@ -231,7 +259,7 @@ def write_record(out_dir, stem, record):
     ax.set_ylabel("loss")
     ax.set_yscale("log")
     ax.set_title(
-        f"train_block, {record['dtype']}, {record['device']}: max gap "
+        f"train_block ({record.get('size', 'small')}), {record['dtype']}, {record['device']}: max gap "
         f"{record['max_difference_of_first_loss']:.1e} of the first loss"
     )
     ax.legend()

@@ -113,9 +113,10 @@ for part in ${STEPS:-tests bench grid}; do
            PYTHONPATH=$PWD/tests/stubs:${PYTHONPATH:-} "$PY" benchmarks/bench_ragged_decode.py --out "$LOGS" ${DECODE_ARGS:-} 2>&1 | tee "$LOGS/decode.log" ;;
     moe)   step "MoE MLP forward + backward: jax_cluster, tokamax, XLA (and its experimental paths), torch"
            PYTHONPATH=$PWD/tests/stubs:${PYTHONPATH:-} "$PY" benchmarks/bench_moe_mlp.py --out "$LOGS" ${MOE_ARGS:---experimental-xla} 2>&1 | tee "$LOGS/moe.log" ;;
-    train) step "examples: train_block (jax_cluster vs flax) and expert_parallel"
-           { "$PY" examples/train_block.py --out "$LOGS" && "$PY" examples/expert_parallel.py --dtype bfloat16; } \
-             2>&1 | tee "$LOGS/train.log" ;;
+    train) step "examples: train_block at both sizes (jax_cluster vs flax) and expert_parallel"
+           { "$PY" examples/train_block.py --out "$LOGS"
+             "$PY" examples/train_block.py --size medium --steps ${MEDIUM_STEPS:-100} --out "$LOGS"
+             "$PY" examples/expert_parallel.py --dtype bfloat16; } 2>&1 | tee "$LOGS/train.log" ;;
     grid)  step "size grid"  # autotuning the reference dots would dominate its compile time
            XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" "$PYTEST" -q -rs -s -p no:cacheprovider -k size_grid tests 2>&1 | tee "$LOGS/grid.log" | tail -25 ;;
   esac

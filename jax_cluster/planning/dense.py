@@ -75,9 +75,10 @@ def plan_gemm(
     (`jax_cluster.linear`) and considers only rows that compile it.
     `overrides` pins choices: variant, tile=(m,n,k), cluster=(m,n), schedule,
     splits, raster, swizzle; or path="xla" to force the fallback. Unpinned
-    plain GEMMs go to XLA's dot where the measured routing rule expects it to
-    be faster (`planning.routing`); route="kernel" (or JAX_CLUSTER_ROUTE=kernel)
-    skips that rule.
+    GEMMs, fused epilogue included, go to XLA's dot where the measured routing
+    rule expects it to be faster (`planning.routing`; XLA fuses the bias and
+    activation itself); route="kernel" (or JAX_CLUSTER_ROUTE=kernel) skips
+    that rule.
     """
     if epilogue not in tables.EPILOGUES:
         raise ValueError(f"plan(): epilogue must be one of {tables.EPILOGUES}, got {epilogue!r}")
@@ -127,7 +128,7 @@ def plan_gemm(
     if choice is None:
         return xla_plan(base, NO_RESIDENT_CANDIDATE, notes)
     v, c = choice.variant, choice.candidate
-    if route == "measured" and epilogue == "none" and not PINNING & set(overrides):
+    if route == "measured" and not PINNING & set(overrides):
         why_xla = routing.xla_is_faster(call, c.memory_bound, dev)
         if why_xla:
             return xla_plan(base, why_xla, notes)
