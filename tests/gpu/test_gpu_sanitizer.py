@@ -31,6 +31,7 @@ def test_every_kernel_is_clean_under_compute_sanitizer(tool):
             "3",
             sys.executable,
             str(CALLS),
+            os.environ.get("JAX_CLUSTER_SANITIZE_VARIANTS", ""),
         ],
         capture_output=True,
         text=True,
