@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -426,6 +427,7 @@ def main(argv=None):
         )
         print(f"{cfg.name:<20} {routing:<8} jax_cluster {row['jc_ms']:.3f} ms | {cells}", flush=True)
         write(out_dir, tokens, rows)  # after every case: a run cut off keeps what it measured
+        release_memory()
     child_argv = [a for a in argv if a not in ("--experimental-xla",)]
     for path in XLA_PATHS if args.experimental_xla else ():
         missing = [r for r in rows if f"{path}_ms" not in r]
@@ -438,6 +440,16 @@ def main(argv=None):
             write(out_dir, tokens, rows)
         print(f"{path}: " + ", ".join(f"{r['config']} {r['routing']} {r.get(path + '_ms') or '-'}" for r in rows))
     print(json.dumps(summary(rows), indent=1))
+
+
+def release_memory():
+    """Frees what one case leaves behind (compiled layers, torch's cached
+    blocks), so the 65536-row cases find room for their temporaries."""
+    gc.collect()
+    jax.clear_caches()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def earlier_rows(path, todo) -> dict:
