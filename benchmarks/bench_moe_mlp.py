@@ -244,6 +244,7 @@ def measure(cfg: Config, tokens: int, routing: str, contenders: dict, iterations
         "routing": routing,
         "router_included": False,
         "flops": cfg.flops(tokens),
+        "commit": common.run_record()["commit"],  # a resumed file holds rows of several runs
     }
     experts_of = assignment(routing, tokens, cfg.experts, cfg.top_k)
     order, weights, sizes = routed_inputs(experts_of, cfg.experts)
@@ -412,7 +413,7 @@ def main(argv=None):
         rows = [measure(c, tokens, r, {"xla": (jax.lax.ragged_dot, None)}, args.iterations, 1, False) for c, r in todo]
         args.rows_file.write_text(json.dumps(rows))
         return
-    kept = earlier_rows(args.resume, todo)
+    kept = earlier_rows(args.resume)
     todo = [(c, r) for c, r in todo if (c.name, r) not in kept]
     rows = list(kept.values())
     out_dir = common.results_dir(args.out)
@@ -452,13 +453,12 @@ def release_memory():
         torch.cuda.empty_cache()
 
 
-def earlier_rows(path, todo) -> dict:
-    """{(config, routing): row} of an earlier run's JSON for the cases in `todo`."""
+def earlier_rows(path) -> dict:
+    """{(config, routing): row} of an earlier run's JSON: all of its rows are
+    kept, whether or not this run's cases include them."""
     if path is None or not path.exists():
         return {}
-    wanted = {(c.name, r) for c, r in todo}
-    rows = json.loads(path.read_text())["rows"]
-    return {(r["config"], r["routing"]): r for r in rows if (r["config"], r["routing"]) in wanted}
+    return {(r["config"], r["routing"]): r for r in json.loads(path.read_text())["rows"]}
 
 
 def strip_option(argv, name) -> list[str]:

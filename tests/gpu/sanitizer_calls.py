@@ -96,6 +96,9 @@ def main(argv) -> int:
             calls, failures = calls + 1, failures + (not ok)
             print(f"relative error {err:.2e} {'ok' if ok else 'FAIL'}", flush=True)
     print(f"calls: {calls}, failures: {failures}")
+    if not calls:
+        print(f"no compiled variant of {dev.arch} matches {only.pattern!r}")
+        return 2
     return 1 if failures else 0
 
 
