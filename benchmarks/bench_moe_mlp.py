@@ -12,7 +12,9 @@ sizes. The distributions: `uniform` (every expert gets T*top_k/E rows),
 them) and `one_hot` (every token picks experts 0..top_k-1).
 
 Contenders, each the same MoEMLP layer with another `ragged_dot`:
-- jax_cluster: `jax_cluster.ragged_dot` (the grouped kernels);
+- jax_cluster: `jax_cluster.ragged_dot` (the grouped kernels), as the layer
+  is by default (`jc_ms`) and with `fuse_gate_up=True` (`jc_fused_ms`: gate
+  and up as one grouped product over the same weights);
 - tokamax: `tokamax.ragged_dot(..., implementation="mosaic")`, its default
   config (the backend MaxText picks on GPU);
 - xla: `jax.lax.ragged_dot`;
@@ -61,7 +63,7 @@ import bench_ragged  # noqa: E402
 import common  # noqa: E402
 
 import jax_cluster  # noqa: E402
-from jax_cluster.nn import MoEMLP  # noqa: E402
+from jax_cluster.nn import MoEMLP, join_gate_up, split_gate_up  # noqa: E402
 from jax_cluster.tuning import timing  # noqa: E402
 from jax_cluster.tuning.accuracy import relative_error  # noqa: E402
 
@@ -137,13 +139,14 @@ def routed_inputs(experts_of: np.ndarray, num_experts: int):
     return jnp.asarray(order), jnp.asarray(weights.reshape(-1), jnp.float32), jnp.asarray(sizes)
 
 
-def make_layer(cfg: Config, ragged_dot, abstract: bool):
+def make_layer(cfg: Config, ragged_dot, abstract: bool, fuse_gate_up=False):
     def build():
         return MoEMLP(
             cfg.features,
             cfg.hidden,
             cfg.experts,
             cfg.top_k,
+            fuse_gate_up=fuse_gate_up,
             dtype=DTYPE,
             param_dtype=DTYPE,
             ragged_dot=ragged_dot,
@@ -151,6 +154,23 @@ def make_layer(cfg: Config, ragged_dot, abstract: bool):
         )
 
     return nnx.split(nnx.eval_shape(build) if abstract else build())
+
+
+def fused_layer(cfg: Config, state):
+    """(graph, state) of the layer with `fuse_gate_up=True` holding the same
+    weights as the unfused `state`."""
+    layer = nnx.merge(*make_layer(cfg, jax_cluster.ragged_dot, abstract=True, fuse_gate_up=True))
+    layer.gate_up.kernel = nnx.Param(join_gate_up(kernel(state, "gate"), kernel(state, "up")))
+    layer.down.kernel = nnx.Param(kernel(state, "down"))
+    layer.router.kernel = nnx.Param(jax.tree.leaves(state["router"])[0])
+    return nnx.split(layer)
+
+
+def fused_outputs(result) -> list:
+    """`named_outputs` of the fused layer: its gate_up gradient split in two."""
+    y, state_grad, x_grad = result
+    d_gate, d_up = split_gate_up(kernel(state_grad, "gate_up"))
+    return [y, d_gate, d_up, kernel(state_grad, "down"), x_grad]
 
 
 def step_fn(graph):
@@ -233,7 +253,7 @@ def torch_layer_ms(torch, cfg, state, x, dy, experts_of, weights, sizes, iterati
 # ----------------------------------------------------------------------------- one case
 
 
-def measure(cfg: Config, tokens: int, routing: str, contenders: dict, iterations: int, samples: int, torch_too=True):
+def measure(cfg: Config, tokens: int, routing: str, contenders: dict, iterations: int, samples: int, others_too=True):
     row = {
         "config": cfg.name,
         "features": cfg.features,
@@ -263,6 +283,19 @@ def measure(cfg: Config, tokens: int, routing: str, contenders: dict, iterations
     timer = timing.cupti_ms if timing.cupti_works(x) else timing.wall_ms
     row["timing"] = "cupti" if timer is timing.cupti_ms else "wall"
     row["jc_ms"] = timer(step, args, iterations)
+    row["jc_fused_ms"] = None
+    if others_too:  # the same layer with gate and up as one grouped product
+        try:
+            fused_graph, fused_state = fused_layer(cfg, state)
+            fused = step_fn(fused_graph)
+            got = fused_outputs(jax.jit(fused)(fused_state, x, dy, order, weights, sizes))
+            row["jc_fused_rel_err_vs_jc"] = err = agreement(ours, got)
+            if err < MAX_REL_ERR:
+                row["jc_fused_ms"] = timer(fused, [(fused_state, *args[0][1:])], iterations)
+            else:
+                row["jc_fused_error"] = f"wrong: relative error {err:.2e} against jax_cluster"
+        except Exception as e:
+            row["jc_fused_error"] = bench_ragged.brief(e)
     for name, (ragged_dot, why_not) in contenders.items():
         row[f"{name}_ms"] = None
         if ragged_dot is None:
@@ -279,7 +312,7 @@ def measure(cfg: Config, tokens: int, routing: str, contenders: dict, iterations
             row[f"{name}_ms"] = timer(other, args, iterations)
         except Exception as e:  # a contender that cannot run the case is recorded, never fatal
             row[f"{name}_error"] = bench_ragged.brief(e)
-    torch, why_not = bench_ragged.load_torch() if torch_too else (None, "not run in this process")
+    torch, why_not = bench_ragged.load_torch() if others_too else (None, "not run in this process")
     row["torch_ms"] = None
     if torch is None:
         row["torch_error"] = why_not
@@ -346,6 +379,9 @@ def summary(rows) -> dict:
         "geomean_speedup_vs_best_other": geomean(best_other(r) / r["jc_ms"] for r in rows if best_other(r)),
         "min_speedup_vs_best_other": min((best_other(r) / r["jc_ms"] for r in rows if best_other(r)), default=None),
         "cases_without_tokamax": sum(1 for r in rows if not r.get("tokamax_ms")),
+        "geomean_speedup_fused_vs_unfused": geomean(
+            r["jc_ms"] / r["jc_fused_ms"] for r in rows if r.get("jc_fused_ms")
+        ),
     }
 
 
@@ -410,7 +446,8 @@ def main(argv=None):
         setting, name = XLA_PATHS[args.xla_only]
         if setting == "jax_config":
             jax.config.update(name, True)  # an AttributeError if this jax lacks it: the parent records it
-        rows = [measure(c, tokens, r, {"xla": (jax.lax.ragged_dot, None)}, args.iterations, 1, False) for c, r in todo]
+        xla = {"xla": (jax.lax.ragged_dot, None)}
+        rows = [measure(c, tokens, r, xla, args.iterations, 1, others_too=False) for c, r in todo]
         args.rows_file.write_text(json.dumps(rows))
         return
     kept = earlier_rows(args.resume)

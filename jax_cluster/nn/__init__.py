@@ -9,6 +9,6 @@ applies them with `jax_cluster.ragged_dot`; `MoEMLP` routes tokens to them.
 from jax_cluster.nn.dense import Dense
 from jax_cluster.nn.grouped import GroupedLinear
 from jax_cluster.nn.linear import Linear
-from jax_cluster.nn.moe import MoEMLP, route
+from jax_cluster.nn.moe import MoEMLP, join_gate_up, route, split_gate_up
 
-__all__ = ["Dense", "GroupedLinear", "Linear", "MoEMLP", "route"]
+__all__ = ["Dense", "GroupedLinear", "Linear", "MoEMLP", "join_gate_up", "route", "split_gate_up"]

@@ -46,6 +46,13 @@ class MoEMLP(nnx.Module):
     router is a bias-free Linear; `dot_general=` and `ragged_dot=` swap the
     products (Flax's and XLA's own give a reference; lax.ragged_dot needs
     token_blocks=1).
+
+    `fuse_gate_up=True` keeps gate and up as one [E, D, 2H] kernel `gate_up`
+    (gate in the first H columns) and runs them as one grouped product: the
+    rows are read once, and the backward has one input-gradient product (K =
+    2H) and one weight-gradient product instead of two each. The result is
+    the same function; the parameters are laid out differently
+    (`split_gate_up` / `join_gate_up` convert).
     """
 
     def __init__(
@@ -56,6 +63,7 @@ class MoEMLP(nnx.Module):
         top_k: int,
         *,
         token_blocks: int = 1,
+        fuse_gate_up: bool = False,
         activation=nnx.silu,
         dtype=None,
         param_dtype=jnp.float32,
@@ -66,6 +74,7 @@ class MoEMLP(nnx.Module):
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"MoEMLP: top_k must be in [1, {num_experts}], got {top_k}")
         self.top_k, self.token_blocks, self.activation = top_k, token_blocks, activation
+        self.fuse_gate_up = fuse_gate_up
         self.router = Linear(
             features,
             num_experts,
@@ -78,8 +87,11 @@ class MoEMLP(nnx.Module):
         grouped = functools.partial(
             GroupedLinear, num_experts, dtype=dtype, param_dtype=param_dtype, ragged_dot=ragged_dot, rngs=rngs
         )
-        self.gate = grouped(features, hidden)
-        self.up = grouped(features, hidden)
+        if fuse_gate_up:  # lecun_normal depends on fan-in only: each half inits like a separate kernel
+            self.gate_up = grouped(features, 2 * hidden)
+        else:
+            self.gate = grouped(features, hidden)
+            self.up = grouped(features, hidden)
         self.down = grouped(hidden, features)
 
     def __call__(self, x):
@@ -101,7 +113,11 @@ class MoEMLP(nnx.Module):
         rows = jnp.take_along_axis(tokens, (order // self.top_k)[..., None], axis=1)
         rows = rows.reshape(-1, features)  # [S*T*top_k, D], sorted
         sizes = sizes if blocks > 1 else sizes[0]
-        hidden = self.activation(self.gate(rows, sizes)) * self.up(rows, sizes)
+        if self.fuse_gate_up:
+            gate, up = jnp.split(self.gate_up(rows, sizes), 2, axis=-1)
+        else:
+            gate, up = self.gate(rows, sizes), self.up(rows, sizes)
+        hidden = self.activation(gate) * up
         out = self.down(hidden, sizes).reshape(blocks, per_block * self.top_k, features)
         # back to (token, slot) order, then each token's weighted sum over its slots
         unsorted = jnp.take_along_axis(out, jnp.argsort(order, axis=-1)[..., None], axis=1)
@@ -109,3 +125,17 @@ class MoEMLP(nnx.Module):
             unsorted.reshape(blocks, per_block, self.top_k, features)
             * weights.reshape(blocks, per_block, self.top_k, 1).astype(out.dtype)
         ).sum(2)
+
+
+def join_gate_up(gate, up):
+    """[E, D, H] gate and up kernels -> the [E, D, 2H] kernel of `fuse_gate_up=True`."""
+    if gate.shape != up.shape or gate.ndim != 3:
+        raise ValueError(f"join_gate_up: gate and up must be [E, D, H] alike, got {gate.shape} and {up.shape}")
+    return jnp.concatenate([gate, up], axis=-1)
+
+
+def split_gate_up(gate_up):
+    """The [E, D, 2H] fused kernel -> (gate, up), each [E, D, H]."""
+    if gate_up.ndim != 3 or gate_up.shape[-1] % 2:
+        raise ValueError(f"split_gate_up: expected [E, D, 2H], got {gate_up.shape}")
+    return tuple(jnp.split(gate_up, 2, axis=-1))

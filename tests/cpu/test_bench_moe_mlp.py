@@ -52,5 +52,18 @@ def test_a_smoke_run_records_every_contender(bench, tmp_path):
     assert row["router_included"] is False and row["jc_ms"] > 0
     assert row["jc_rel_err_vs_f32"] < 2e-2
     # where a contender has no time, it says why
-    for name in ("tokamax", "xla", "torch"):
+    for name in ("tokamax", "xla", "torch", "jc_fused"):
         assert row[f"{name}_ms"] or row[f"{name}_error"]
+    # the fused gate/up layer holds the same weights: the same outputs and gradients
+    assert row["jc_fused_rel_err_vs_jc"] < 1e-2 and row["commit"]
+
+
+def test_a_resumed_run_keeps_every_earlier_row_and_measures_only_the_rest(bench, tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    common = ["--smoke", "--routings", "skewed", "--iterations", "1"]
+    bench.main([*common, "--out", str(first), "--configs", "smoke-a"])
+    earlier = json.loads((first / "moe_mlp.json").read_text())["rows"][0]
+    bench.main([*common, "--out", str(second), "--configs", "smoke-b", "--resume", str(first / "moe_mlp.json")])
+    rows = json.loads((second / "moe_mlp.json").read_text())["rows"]
+    assert [r["config"] for r in rows] == ["smoke-a", "smoke-b"]
+    assert rows[0] == earlier  # kept as it was, not measured again

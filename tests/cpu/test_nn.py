@@ -149,6 +149,29 @@ def test_moe_matches_a_dense_reference_and_xla_products():
     assert_trees_close(g, g_ref, 1e-4)
 
 
+def test_moe_fused_gate_up_is_the_same_function_with_one_product_less():
+    ours, _ = _moe_pair()
+    fused = jcnn.MoEMLP(16, 32, 4, 2, fuse_gate_up=True, rngs=nnx.Rngs(0))
+    assert fused.gate_up.kernel[...].shape == (4, 16, 64) and not hasattr(fused, "gate")
+    fused.router.kernel[...] = ours.router.kernel[...]
+    fused.down.kernel[...] = ours.down.kernel[...]
+    fused.gate_up.kernel[...] = jcnn.join_gate_up(ours.gate.kernel[...], ours.up.kernel[...])
+    x = jax.random.normal(jax.random.key(3), (2, 8, 16))
+    np.testing.assert_allclose(fused(x), ours(x), rtol=1e-5, atol=1e-5)
+    count = lambda m: str(jax.make_jaxpr(lambda x: m(x))(x)).count("ragged_dot")  # noqa: E731
+    assert count(fused) == count(ours) - 1
+    g = nnx.grad(lambda m: (m(x) ** 2).sum())(ours)
+    g_fused = nnx.grad(lambda m: (m(x) ** 2).sum())(fused)
+    d_gate, d_up = jcnn.split_gate_up(g_fused["gate_up"]["kernel"][...])
+    np.testing.assert_allclose(d_gate, g["gate"]["kernel"][...], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(d_up, g["up"]["kernel"][...], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(g_fused["down"]["kernel"][...], g["down"]["kernel"][...], rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="join_gate_up"):
+        jcnn.join_gate_up(jnp.ones((2, 3, 4)), jnp.ones((2, 3, 5)))
+    with pytest.raises(ValueError, match="split_gate_up"):
+        jcnn.split_gate_up(jnp.ones((2, 3, 5)))
+
+
 def test_moe_token_blocks_route_each_block_alone_with_the_same_result():
     ours, ref = _moe_pair(token_blocks=4)
     x = jax.random.normal(jax.random.key(2), (4, 6, 16))
