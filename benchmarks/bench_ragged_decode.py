@@ -195,18 +195,20 @@ def main(argv=None):
             f"{c} {row[c + '_ms']:.4f}" if row.get(c + "_ms") else f"{c} -" for c in ("jc", "tokamax", "xla")
         )
         print(f"{name:<22} rows={row['rows']:<5} roofline {row['roofline_ms']:.4f} ms | {cells}", flush=True)
-    payload = {
-        "device": common.device_name(),
-        "jax_version": jax.__version__,
-        "commit": common.run_record()["commit"],
-        "peak_flops": ceilings[0],
-        "bandwidth_bytes_per_s": ceilings[1],
-        "timing": "cupti" if timer is timing.cupti_ms else "wall",
-        "summary": summary(rows),
-        "rows": rows,
-    }
-    common.write_results(common.results_dir(args.out), "ragged_decode", payload, plot)
-    print(json.dumps(payload["summary"], indent=1))
+        # after every case: a run cut off by a time limit keeps what it measured
+        payload = {
+            "device": common.device_name(),
+            "jax_version": jax.__version__,
+            "commit": common.run_record()["commit"],
+            "peak_flops": ceilings[0],
+            "bandwidth_bytes_per_s": ceilings[1],
+            "timing": "cupti" if timer is timing.cupti_ms else "wall",
+            "cases": f"{len(rows)} of {len(todo)}",
+            "summary": summary(rows),
+            "rows": rows,
+        }
+        common.write_results(common.results_dir(args.out), "ragged_decode", payload, plot)
+    print(json.dumps(summary(rows), indent=1))
 
 
 if __name__ == "__main__":

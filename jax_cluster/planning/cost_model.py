@@ -54,6 +54,9 @@ SWIZZLE_PADDING_BUDGET = 1.03
 # by 5%, and on 32 of 132 it lost by 18%.
 SATURATING_SM_SHARE = 0.95
 PARTIAL_BYTES_PER_ELEMENT = 8
+# Grouped rows this narrow (128x64) exist for decode: they are candidates only
+# where the weight stream bounds the call (no compute-bound call has timed them).
+DECODE_TILE_N_MAX = 64
 
 # dense bf16/f16 tensor-core FLOP/s per SM (H100/H200 SXM: ~989 TFLOP/s on 132
 # SMs; B200: ~2250 TFLOP/s on 148 SMs)
@@ -152,6 +155,41 @@ def grouped_score(v: tables.Variant, m, n, k, groups, problem, clusters, schedul
     rows = m + (min(groups, m) - 1) * v.cta_tile_m * v.cluster_m // 2
     time, waves, eff = score(v, rows, n, k, 1, clusters, schedule, 1)
     return time, waves, eff * m / rows
+
+
+def grouped_tiles(v: tables.Variant, m, n, groups) -> int:
+    """Tiles of a ragged_m problem with evenly filled groups: each non-empty
+    group (at most one per row) covers its rows with whole tiles."""
+    filled = min(groups, m)
+    if filled == 0:
+        return 0
+    return filled * math.ceil(m / filled / v.cta_tile_m) * math.ceil(n / v.tile_n)
+
+
+def grouped_bytes(m, n, k, groups, dtype, out) -> int:
+    """The HBM bytes of a ragged_m problem: the rows, the weights of the
+    groups that can receive rows (at most one per row), and the output."""
+    in_bytes, out_bytes = tables.DTYPE_BYTES[dtype], tables.DTYPE_BYTES[out]
+    return (m * k + min(groups, m) * k * n) * in_bytes + m * n * out_bytes
+
+
+def grouped_memory_bound(m, n, k, groups, dtype, out, device) -> bool:
+    """Whether streaming the weights takes longer than the MMAs at peak."""
+    edge = ridge(device)
+    moved = grouped_bytes(m, n, k, groups, dtype, out)
+    return edge is not None and moved > 0 and 2 * m * n * k / moved < edge[0]
+
+
+def grouped_memory_time(v: tables.Variant, m, n, k, groups, clusters, dtype, out, device) -> float:
+    """The HBM time of a ragged_m problem in tile-units, stretched while
+    fewer CTAs stream than it takes to saturate HBM (0 without a ridge point)."""
+    edge = ridge(device)
+    if edge is None or k == 0:
+        return 0.0
+    _, peak, bandwidth = edge
+    floor = grouped_bytes(m, n, k, groups, dtype, out) / bandwidth * (peak / device.sm_count) / (2 * k)
+    busy = max(1, min(grouped_tiles(v, m, n, groups), clusters * v.cluster_size))
+    return floor * max(1.0, SATURATING_SM_SHARE * device.sm_count / busy)
 
 
 # --------------------------------------------------------------------------- memory

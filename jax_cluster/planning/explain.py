@@ -61,6 +61,8 @@ def _efficiency(p) -> str:
 
 def _roofline(p) -> str:
     edge = cost_model.ridge(p.device)
+    if edge is not None and p.problem == "ragged_m":
+        return _grouped_roofline(p, edge)
     if edge is None or p.problem != "dense":
         return ""
     sizes = tables.DTYPE_BYTES
@@ -74,6 +76,21 @@ def _roofline(p) -> str:
         f"({peak / 1e12:.0f} TFLOP/s / {bandwidth / 1e12:.2f} TB/s, modelled): {kind}; "
         f"HBM floor {moved / bandwidth * 1e6:.1f} us for {moved / 1e6:.1f} MB, and the "
         "planner ranks candidates by the longer of it and their compute makespan"
+    )
+
+
+def _grouped_roofline(p, edge) -> str:
+    moved = cost_model.grouped_bytes(p.m, p.n, p.k, p.groups, p.dtype, p.out_dtype)
+    if not moved:
+        return ""
+    ai = 2 * p.m * p.n * p.k / moved
+    point, peak, bandwidth = edge
+    kind = "memory-bound" if ai < point else "compute-bound"
+    return (
+        f"arithmetic intensity {ai:.0f} FLOP/byte against a ridge point of {point:.0f} "
+        f"({peak / 1e12:.0f} TFLOP/s / {bandwidth / 1e12:.2f} TB/s, modelled): {kind}, counting "
+        f"the weights of min(G, M) = {min(p.groups, p.m)} groups (a group without rows streams "
+        f"none); HBM floor {moved / bandwidth * 1e6:.1f} us for {moved / 1e6:.1f} MB"
     )
 
 

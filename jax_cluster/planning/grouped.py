@@ -7,6 +7,10 @@ A ragged plan describes its GEMM view (m, n, k) plus the group count:
   ragged_k  out[G,K',N'] = A_g^T B_g over the rows of group g (d_rhs), A stored
             [M,K'] and B [M,N']: (m, n, k) = (K', N', M).
 Group sizes live on the device, so the model assumes evenly filled groups.
+A ragged_m call whose weights (those of the groups that can receive rows)
+take longer to stream than its MMAs is memory-bound: its time is the stream,
+at the rate of the CTAs a variant keeps busy, and only then are the narrow
+decode rows (cost_model.DECODE_TILE_N_MAX) candidates.
 """
 
 from __future__ import annotations
@@ -72,17 +76,26 @@ def plan_ragged(
     if why:
         return xla_plan(base, why)
 
+    memory_bound = problem == "ragged_m" and cost_model.grouped_memory_bound(m, n, k, groups, call.dtype, out, dev)
+    if not memory_bound and "variant" not in overrides and "tile" not in overrides:
+        rows = [v for v in rows if v.tile_n > cost_model.DECODE_TILE_N_MAX]
+
     def options(v: tables.Variant, clusters: int):
         time, waves, eff = cost_model.grouped_score(v, m, n, k, groups, problem, clusters, _schedule(v))
-        yield Candidate((time,), _schedule(v), waves, eff, raster="along_m")
+        if memory_bound:  # the weight stream, at the rate the CTAs this variant keeps busy can pull
+            memory = cost_model.grouped_memory_time(v, m, n, k, groups, clusters, call.dtype, out, dev)
+            eff *= time / max(time, memory)
+            time = max(time, memory)
+        yield Candidate((time,), _schedule(v), waves, eff, raster="along_m", memory_bound=memory_bound)
 
     choice, notes = best_candidate(rows, dev, options)
     if choice is None:
         return xla_plan(base, NO_RESIDENT_CANDIDATE, notes)
     notes.append("waves and efficiency are modelled for evenly filled groups; the sizes are only known on the device")
     v, c = choice.variant, choice.candidate
+    bound = ", memory-bound (the non-empty groups' weights)" if memory_bound else ""
     reason = (
         f"{v.name} fits: {groups} groups over {choice.clusters} resident {v.cluster_m}x{v.cluster_n} "
-        f"clusters, {c.schedule} schedule, modelled efficiency {c.efficiency:.0%}"
+        f"clusters, {c.schedule} schedule{bound}, modelled efficiency {c.efficiency:.0%}"
     )
     return kernel_plan(base, choice, dev, reason, notes)

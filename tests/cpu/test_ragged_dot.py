@@ -311,6 +311,36 @@ def test_h200_plan_picks_a_compiled_ragged_row(problem, b_major):
     assert "groups=8" in text and "over the tiles of 8 groups" in text
 
 
+def _decode_rows_compiled() -> bool:
+    names = _ffi.compiled_variant_names() if _ffi.with_kernels() else ()
+    return any(
+        v.arch == "sm90a" and v.problem == "ragged_m" and v.tile_n <= 64 and v.name in names for v in tables.load_menu()
+    )
+
+
+@pytest.mark.skipif(not _decode_rows_compiled(), reason="the extension has no compiled narrow sm90a grouped row")
+@pytest.mark.parametrize("b_major", ["n", "k"])
+def test_decode_takes_the_narrow_grouped_tile_and_training_never_does(b_major):
+    plan = lambda m, n, k, g: jax_cluster.plan_ragged(  # noqa: E731
+        m, n, k, g, problem="ragged_m", dtype=jnp.bfloat16, b_major=b_major, device=H200
+    )
+    # 8 rows on at most 8 of 64 experts: 4 CTAs of 128x256 per expert leave most SMs
+    # idle while the weights stream; 128x64 gives each non-empty group 16
+    decode = plan(8, 1024, 2048, 64)
+    v = {v.name: v for v in tables.load_menu()}[decode.variant]
+    assert decode.memory_bound and v.tile_n == 64 and "memory-bound" in decode.reason
+    assert "counting the weights of min(G, M) = 8 groups" in decode.explain()
+    # compute-bound calls keep the wide tile, however the waves fall
+    for shape in ((4096, 2048, 1024, 8), (16384, 14336, 4096, 8), (65536, 512, 1536, 40), (2048, 14336, 4096, 8)):
+        p = plan(*shape)
+        assert not p.memory_bound and p.tile_n == 256, (shape, p.variant)
+    # a pinned tile is honoured either way
+    pinned = jax_cluster.plan_ragged(
+        4096, 2048, 1024, 8, problem="ragged_m", dtype=jnp.bfloat16, b_major=b_major, device=H200, tile=(128, 64, 64)
+    )
+    assert pinned.tile_n == 64
+
+
 @pytest.mark.parametrize("problem,b_major", [("ragged_m", "n"), ("ragged_m", "k"), ("ragged_k", "n")])
 def test_b200_plan_picks_the_clc_grouped_row(problem, b_major):
     if not compiled_ragged_row(problem, "sm100a"):
