@@ -3,6 +3,8 @@
 `matmul` and `dot_general` run CUTLASS-based sm90a/sm100a kernels through XLA
 FFI when the planner picks one, and XLA's own dot everywhere else.
 `ragged_dot` is the grouped GEMM (jax.lax.ragged_dot's semantics);
+`quantize` / `dequantize` make and read block-scaled fp8 operands (qwix
+QArrays) that the three ops take;
 `linear` is a dense layer's act(x @ W + residual + b) with the epilogue fused
 into the GEMM. `plan` / `plan_ragged` return the static choices a call makes,
 and `Plan.explain()` says why. `autotune` times the candidate plans on the
@@ -17,6 +19,7 @@ from jax_cluster import _ffi
 from jax_cluster.info import info
 from jax_cluster.ops.dense import dot_general, matmul, plan
 from jax_cluster.ops.linear import linear
+from jax_cluster.ops.quantize import dequantize, quantize
 from jax_cluster.ops.ragged_dot import ragged_dot
 from jax_cluster.planning.autotune_cache import use_autotune_cache
 from jax_cluster.planning.device import DeviceInfo
@@ -32,6 +35,7 @@ __all__ = [
     "DeviceInfo",
     "Plan",
     "autotune",
+    "dequantize",
     "dot_general",
     "gemm_epilogue_p",
     "gemm_p",
@@ -40,6 +44,7 @@ __all__ = [
     "matmul",
     "plan",
     "plan_ragged",
+    "quantize",
     "ragged_dot",
     "ragged_dot_p",
     "use_autotune_cache",

@@ -1,2 +1,3 @@
 """The public ops: they validate the operands, normalise layouts and bind the
-primitives (matmul, dot_general, ragged_dot, linear)."""
+primitives (matmul, dot_general, ragged_dot, linear); quantize makes their
+block-scaled fp8 operands."""

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_cluster.ops import output_sharding
+from jax_cluster.ops.quantize import dequantized_operands
 from jax_cluster.planning.call import Call
 from jax_cluster.planning.dense import plan_gemm
 from jax_cluster.planning.plan import Plan, dtype_name
@@ -32,7 +33,15 @@ def matmul(a, b, *, out_dtype=None, plan: Plan | None = None, precision=None, pr
     (see `jax_cluster.plan`); it must be made for the call's flattened problem.
     Whatever the kernels' primitive does not take (integers, float64,
     complex) is `jnp.matmul`, with `precision` passed on.
+
+    Block-scaled fp8 operands (`jax_cluster.quantize`: a in (1, 128) blocks,
+    b in (128, 128)) give a bfloat16 result by default; they are dequantized
+    to bfloat16 and run the bf16 path until fp8 kernels exist.
     """
+    fp8 = dequantized_operands("jax_cluster.matmul", a, b)
+    if fp8 is not None:
+        out = out_dtype if out_dtype is not None else preferred_element_type
+        return matmul(*fp8, out_dtype=out if out is not None else jnp.bfloat16, plan=plan)
     a, b = jnp.asarray(a), jnp.asarray(b)
     if (
         out_dtype is not None
@@ -111,7 +120,17 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     None by default) is applied to the kernel's output; only when it is given
     and a mesh with explicit axes is set or typed into the operands does the
     call go to `lax.dot_general`, which types the sharding.
+
+    Block-scaled fp8 operands (`jax_cluster.quantize`) are taken in the
+    matmul form only: lhs [..., M, K] in (1, 128) blocks contracting its last
+    axis, rhs [K, N] or [N, K] in (128, 128) blocks, no batch dimensions;
+    the result is bfloat16 by default (see `matmul`).
     """
+    fp8 = dequantized_operands("jax_cluster.dot_general", lhs, rhs)
+    if fp8 is not None:
+        _check_fp8_form(fp8[0].ndim, fp8[1].ndim, dimension_numbers)
+        out = preferred_element_type if preferred_element_type is not None else jnp.bfloat16
+        return dot_general(*fp8, dimension_numbers, precision, out, out_sharding)
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     mapped = None
     takes = lhs.dtype == rhs.dtype and _primitive_takes(lhs.dtype, preferred_element_type)
@@ -132,6 +151,17 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     if output_sharding.constrains(out_sharding, "jax_cluster.dot_general"):
         out = output_sharding.place(out, out_sharding)
     return out
+
+
+def _check_fp8_form(lhs_ndim, rhs_ndim, dimension_numbers):
+    """The forms whose contraction runs along the blocks' 128-wide K tiles."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    if lb or rb or rhs_ndim != 2 or tuple(lc) != (lhs_ndim - 1,) or len(rc) != 1:
+        raise ValueError(
+            "jax_cluster.dot_general: fp8 operands take the matmul form only (lhs [..., M, K] contracting "
+            f"its last axis, rhs [K, N] or [N, K], no batch dimensions), got {dimension_numbers} "
+            f"for ranks {lhs_ndim} and {rhs_ndim}"
+        )
 
 
 def plan(

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_cluster.ops import output_sharding
+from jax_cluster.ops.quantize import dequantized_operands
 from jax_cluster.planning.plan import Plan
 from jax_cluster.primitives.activations import activation_fn
 from jax_cluster.primitives.lowering import clamp_group_sizes
@@ -64,6 +65,11 @@ def ragged_dot(
     rhs[g - offset]; every other row of the output is zero, and so are their
     gradients.
 
+    Block-scaled fp8 operands (`jax_cluster.quantize`: lhs [M, K] in (1, 128)
+    blocks, rhs [G, K, N] or [G, N, K] in (128, 128) blocks of each group's
+    matrix) give a bfloat16 result by default; they are dequantized to
+    bfloat16 and run the bf16 grouped path until fp8 kernels exist.
+
     Differentiable in lhs and rhs: d_lhs is the same grouped product with
     rhs read transposed in place, d_rhs[g] = lhs_g^T dy_g. vmap runs a loop
     over the mapped axis. Bf16/fp16 inputs on sm90a run the grouped kernel
@@ -72,6 +78,20 @@ def ragged_dot(
     this call: plan_ragged(M, N, K, G, problem="ragged_m", b_major="n" for
     "gkn" or "k" for "gnk", ...).
     """
+    fp8 = dequantized_operands(_WHO, lhs, rhs)
+    if fp8 is not None:  # per group, rhs's (128, 128) blocks tile its own [K, N] (or [N, K])
+        out = preferred_element_type if preferred_element_type is not None else jnp.bfloat16
+        return ragged_dot(
+            *fp8,
+            group_sizes,
+            precision,
+            out,
+            group_offset,
+            out_sharding,
+            rhs_layout=rhs_layout,
+            activation=activation,
+            plan=plan,
+        )
     if rhs_layout not in _B_MAJOR:
         raise ValueError(f"{_WHO}: rhs_layout must be 'gkn' ([G,K,N]) or 'gnk' ([G,N,K]), got {rhs_layout!r}")
     lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)

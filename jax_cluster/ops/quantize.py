@@ -1,0 +1,119 @@
+"""Block-scaled fp8 operands: `quantize`, `dequantize`, and the checks the
+ops make on quantized operands.
+
+Quantized operands are qwix's `QArray` (the type tokamax and MaxText use):
+`qvalue` in float8_e4m3fn or float8_e5m2, `scale` in float32 with one entry
+per block. Two block shapes cover DeepSeek-V3's recipe:
+  (1, 128)   activations: each row's K split into tiles of 128;
+  (128, 128) weights: [K, N] (or each group's [K, N] of a [G, K, N] stack)
+             in 128 x 128 blocks.
+The block names the last two axes; leading axes (a group axis) get a scale
+each. Until fp8 kernels run the product, the ops dequantize to bfloat16 and
+take the bf16 path: the recipe's rounding with bf16's speed.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import jax.numpy as jnp
+
+FP8_DTYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
+BLOCKS = ((1, 128), (128, 128))
+_WHO = "jax_cluster.quantize"
+
+
+def _qwix():
+    try:
+        import qwix
+    except ImportError as e:  # an optional dependency: only fp8 needs it
+        raise ImportError("fp8 operands need qwix (pip install qwix)") from e
+    return qwix
+
+
+def is_quantized(x) -> bool:
+    """Whether `x` is a qwix QArray (False without importing qwix when no
+    QArray can exist yet)."""
+    if "qwix" not in sys.modules:
+        return False
+    return isinstance(x, _qwix().QArray)
+
+
+def quantize(x, *, block=(1, 128), dtype=jnp.float8_e4m3fn):
+    """x [..., R, C] -> a qwix QArray with float32 scales, one per block of
+    the last two axes (see the module docstring); leading axes are scaled
+    apart. R must be a multiple of block[0] and C of block[1]."""
+    block, dtype = tuple(block), jnp.dtype(dtype)
+    if block not in BLOCKS:
+        raise ValueError(f"{_WHO}: block must be one of {BLOCKS}, got {block}")
+    if dtype not in FP8_DTYPES:
+        raise TypeError(f"{_WHO}: dtype must be float8_e4m3fn or float8_e5m2, got {dtype}")
+    x = jnp.asarray(x)
+    if x.ndim < 2:
+        raise ValueError(f"{_WHO}: x must have at least two axes (rows, columns), got shape {x.shape}")
+    rows, cols = x.shape[-2:]
+    if rows % block[0] or cols % block[1]:
+        raise ValueError(f"{_WHO}: the last two axes {(rows, cols)} are not multiples of the block {block}")
+    lead = tuple(range(x.ndim - 2))
+    tiled = {x.ndim - 1: block[1]}
+    if block[0] == 1:
+        lead += (x.ndim - 2,)
+    else:
+        tiled[x.ndim - 2] = block[0]
+    return _qwix().quantize(x, dtype, channelwise_axes=lead, tiled_axes=tiled, scale_dtype=jnp.float32)
+
+
+def dequantize(q, dtype=jnp.float32):
+    """The values a QArray stands for, in `dtype`."""
+    if not is_quantized(q):
+        raise TypeError(f"jax_cluster.dequantize: expected a qwix QArray, got {type(q).__name__}")
+    return _qwix().dequantize(q).astype(dtype)
+
+
+def block_of(q) -> tuple[int, int]:
+    """The (rows, columns) block of a QArray's last two axes, from its shapes."""
+    value, scale = q.qvalue, q.scale
+    if value.ndim < 2 or scale.ndim != value.ndim:
+        raise ValueError(f"scales of shape {scale.shape} do not tile values of shape {value.shape}")
+    for axis in range(value.ndim - 2):
+        if scale.shape[axis] != value.shape[axis]:
+            raise ValueError(f"scales of shape {scale.shape} must keep the leading axes of {value.shape}")
+    out = []
+    for size, blocks in zip(value.shape[-2:], scale.shape[-2:]):
+        if blocks == 0 or size % blocks:
+            raise ValueError(f"scales of shape {scale.shape} do not tile values of shape {value.shape}")
+        out.append(size // blocks)
+    return tuple(out)
+
+
+def check_operand(who: str, name: str, q, want_block: tuple[int, int]) -> None:
+    """A clear error at trace time for a quantized operand the recipe cannot take."""
+    if jnp.dtype(q.qvalue.dtype) not in FP8_DTYPES:
+        raise TypeError(f"{who}: {name} must hold float8_e4m3fn or float8_e5m2 values, got {q.qvalue.dtype}")
+    if jnp.dtype(q.scale.dtype) != jnp.float32:
+        raise TypeError(f"{who}: {name}'s scales must be float32, got {q.scale.dtype}")
+    if getattr(q, "zero_point", None) is not None:
+        raise ValueError(f"{who}: {name} has a zero point; block-scaled fp8 is symmetric")
+    block = block_of(q)
+    if block != want_block:
+        raise ValueError(
+            f"{who}: {name} must be scaled in {want_block[0]}x{want_block[1]} blocks of its last two axes, "
+            f"got {block[0]}x{block[1]} (values {q.qvalue.shape}, scales {q.scale.shape})"
+        )
+
+
+def dequantized_operands(who: str, lhs, rhs):
+    """(lhs, rhs) as bfloat16 when both are block-scaled fp8 QArrays in the
+    recipe's blocks (lhs 1x128, rhs 128x128), else None when neither is
+    quantized; a mix is an error."""
+    quantized = is_quantized(lhs), is_quantized(rhs)
+    if not any(quantized):
+        return None
+    if not all(quantized):
+        raise TypeError(
+            f"{who}: quantize both operands (jax_cluster.quantize: activations in (1, 128) blocks, "
+            "weights in (128, 128)) or neither"
+        )
+    check_operand(who, "lhs", lhs, (1, 128))
+    check_operand(who, "rhs", rhs, (128, 128))
+    return dequantize(lhs, jnp.bfloat16), dequantize(rhs, jnp.bfloat16)

@@ -1,0 +1,127 @@
+"""Block-scaled fp8 operands: quantize/dequantize, the three ops against a
+float32 product of the dequantized inputs, and clear errors for operands the
+recipe cannot take."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_cluster
+
+qwix = pytest.importorskip("qwix")
+E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
+
+
+def _normal(key, shape):
+    return jax.random.normal(jax.random.key(key), shape, jnp.float32)
+
+
+def _relative(out, ref):
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    return np.linalg.norm(out - ref) / np.linalg.norm(ref)
+
+
+def test_quantize_scales_each_block_and_round_trips():
+    x = _normal(0, (256, 512))
+    act = jax_cluster.quantize(x)  # (1, 128): one scale per row and 128 columns
+    assert isinstance(act, qwix.QArray) and act.qvalue.dtype == E4M3
+    assert act.scale.shape == (256, 4) and act.scale.dtype == jnp.float32
+    weight = jax_cluster.quantize(x, block=(128, 128), dtype=E5M2)
+    assert weight.scale.shape == (2, 4) and weight.qvalue.dtype == E5M2
+    stack = jax_cluster.quantize(_normal(1, (3, 256, 384)), block=(128, 128))
+    assert stack.scale.shape == (3, 2, 3)  # each group's matrix has its own blocks
+    # e4m3 keeps 3 mantissa bits: about 2-3% relative error normwise
+    assert _relative(jax_cluster.dequantize(act), x) < 4e-2
+    assert _relative(jax_cluster.dequantize(weight), x) < 8e-2
+    assert jax_cluster.dequantize(act, jnp.bfloat16).dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize(
+    "kwargs,shape,error,match",
+    [
+        ({"block": (2, 128)}, (256, 256), ValueError, "block must be one of"),
+        ({"dtype": jnp.int8}, (256, 256), TypeError, "float8_e4m3fn or float8_e5m2"),
+        ({}, (256, 200), ValueError, "not multiples of the block"),
+        ({"block": (128, 128)}, (100, 256), ValueError, "not multiples of the block"),
+        ({}, (256,), ValueError, "at least two axes"),
+    ],
+)
+def test_quantize_refuses_what_the_recipe_cannot_take(kwargs, shape, error, match):
+    with pytest.raises(error, match=match):
+        jax_cluster.quantize(jnp.ones(shape), **kwargs)
+
+
+def test_dequantize_takes_only_qarrays():
+    with pytest.raises(TypeError, match="QArray"):
+        jax_cluster.dequantize(jnp.ones((4, 4)))
+
+
+def _operands(m=64, k=256, n=384, rhs_dtype=E4M3):
+    a, b = _normal(2, (m, k)), _normal(3, (k, n))
+    qa, qb = jax_cluster.quantize(a), jax_cluster.quantize(b, block=(128, 128), dtype=rhs_dtype)
+    ref = jax_cluster.dequantize(qa) @ jax_cluster.dequantize(qb)  # float32 product of what fp8 holds
+    return a, b, qa, qb, ref
+
+
+@pytest.mark.parametrize("rhs_dtype", [E4M3, E5M2])
+def test_matmul_of_fp8_operands_is_the_product_of_their_values(rhs_dtype):
+    a, b, qa, qb, ref = _operands(rhs_dtype=rhs_dtype)
+    out = jax.jit(jax_cluster.matmul)(qa, qb)
+    assert out.dtype == jnp.bfloat16 and out.shape == (64, 384)
+    # the dequantized values round to bf16 on the bf16 path: a tight bound
+    assert _relative(out, ref) < 1e-2
+    # against the bf16 product of the unquantized inputs: fp8's own rounding
+    bf16 = jnp.matmul(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
+    assert 1e-2 < _relative(out, bf16) < 1.2e-1
+    wide = jax_cluster.matmul(qa, qb, out_dtype=jnp.float32)
+    assert wide.dtype == jnp.float32 and _relative(wide, ref) < 1e-2
+
+
+@pytest.mark.parametrize("weight_layout", ["kn", "nk"])
+def test_dot_general_takes_fp8_in_the_matmul_form(weight_layout):
+    a, b, qa, qb, ref = _operands()
+    if weight_layout == "nk":
+        qb = jax_cluster.quantize(jax_cluster.dequantize(qb).T, block=(128, 128))
+        dims = (((1,), (1,)), ((), ()))
+    else:
+        dims = (((1,), (0,)), ((), ()))
+    out = jax_cluster.dot_general(qa, qb, dims)
+    assert out.dtype == jnp.bfloat16 and _relative(out, ref) < 1e-2
+    with pytest.raises(ValueError, match="matmul form only"):
+        jax_cluster.dot_general(qa, qb, (((0,), (0,)), ((), ())))
+
+
+@pytest.mark.parametrize("rhs_layout", ["gkn", "gnk"])
+def test_ragged_dot_of_fp8_operands_is_the_grouped_product_of_their_values(rhs_layout):
+    sizes = jnp.array([40, 0, 100, 60], jnp.int32)  # an empty group, rows past the last
+    lhs = jax_cluster.quantize(_normal(4, (256, 256)))
+    weights = _normal(5, (4, 256, 384) if rhs_layout == "gkn" else (4, 384, 256))
+    rhs = jax_cluster.quantize(weights, block=(128, 128))
+    out = jax.jit(lambda l, r, s: jax_cluster.ragged_dot(l, r, s, rhs_layout=rhs_layout))(lhs, rhs, sizes)
+    values = jax_cluster.dequantize(rhs)
+    values = values if rhs_layout == "gkn" else jnp.swapaxes(values, 1, 2)
+    ref = jax.lax.ragged_dot(jax_cluster.dequantize(lhs), values, sizes, precision="highest")
+    assert out.dtype == jnp.bfloat16 and _relative(out, ref) < 1e-2
+    assert not np.asarray(out[200:]).any()  # rows past the last group stay zero
+
+
+def test_fp8_operands_must_come_in_pairs_and_in_the_recipes_blocks():
+    _, b, qa, qb, _ = _operands()
+    with pytest.raises(TypeError, match="quantize both operands"):
+        jax_cluster.matmul(qa, b)
+    with pytest.raises(ValueError, match="rhs must be scaled in 128x128 blocks"):
+        jax_cluster.matmul(qa, jax_cluster.quantize(b))  # a weight in activation tiles
+    with pytest.raises(ValueError, match="lhs must be scaled in 1x128 blocks"):
+        jax_cluster.matmul(jax_cluster.quantize(_normal(6, (128, 256)), block=(128, 128)), qb)
+    with pytest.raises(TypeError, match="scales must be float32"):
+        jax_cluster.matmul(dataclasses.replace(qa, scale=qa.scale.astype(jnp.bfloat16)), qb)
+    with pytest.raises(ValueError, match="do not tile"):
+        jax_cluster.matmul(dataclasses.replace(qa, scale=jnp.ones((64, 3), jnp.float32)), qb)
+    int8 = qwix.quantize(_normal(7, (64, 256)), jnp.int8, channelwise_axes=(0,), tiled_axes={1: 128})
+    with pytest.raises(TypeError, match="float8"):
+        jax_cluster.matmul(int8, qb)
+    with pytest.raises(TypeError, match="quantize both operands"):
+        jax_cluster.ragged_dot(qa, jnp.ones((2, 256, 128)), jnp.array([32, 32], jnp.int32))
