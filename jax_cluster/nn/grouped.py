@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jax_cluster.ops.fp8_training import check_recipe, fp8_grouped
 from jax_cluster.ops.ragged_dot import ragged_dot as cluster_ragged_dot
 
 # nnx.Linear's default kernel initialiser
@@ -21,7 +22,10 @@ class GroupedLinear(nnx.Module):
     initialises like a Linear(in, out) would. `group_sizes` is int32 [G], or
     [S, G] for S row blocks routed separately (see `jax_cluster.ragged_dot`).
     `ragged_dot=` swaps the product (e.g. `jax.lax.ragged_dot` as a reference,
-    which takes [G] sizes only).
+    which takes [G] sizes only). `fp8="blockwise"` runs the three products
+    on block-scaled fp8 operands quantized on the fly (see
+    `jax_cluster.ops.fp8_training`; [G] sizes, rows and features in multiples
+    of 128).
     """
 
     def __init__(
@@ -35,8 +39,11 @@ class GroupedLinear(nnx.Module):
         preferred_element_type=None,
         kernel_init=LINEAR_KERNEL_INIT,
         ragged_dot=cluster_ragged_dot,
+        fp8: str | None = None,
         rngs: nnx.Rngs,
     ):
+        check_recipe(fp8)
+        self.fp8 = fp8
         keys = jax.random.split(rngs.params(), num_groups)
         self.kernel = nnx.Param(jax.vmap(lambda key: kernel_init(key, (in_features, out_features), param_dtype))(keys))
         self.num_groups, self.in_features, self.out_features = num_groups, in_features, out_features
@@ -48,6 +55,8 @@ class GroupedLinear(nnx.Module):
         kernel = self.kernel[...]
         # nnx.Linear's promotion: the given dtype, else the inputs' common type
         dtype = self.dtype or jnp.result_type(x, kernel)
+        if self.fp8 is not None:
+            return fp8_grouped(x.astype(dtype), kernel.astype(dtype), group_sizes)
         return self.ragged_dot(
             x.astype(dtype), kernel.astype(dtype), group_sizes, preferred_element_type=self.preferred_element_type
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 from flax import nnx
 
 from jax_cluster.ops.dense import dot_general as cluster_dot_general
+from jax_cluster.ops.fp8_training import check_recipe, fp8_linear
 from jax_cluster.ops.linear import linear
 from jax_cluster.primitives.activations import activation_fn
 
@@ -21,6 +22,10 @@ class Linear(nnx.Linear):
     one `jax_cluster.linear` kernel with a fused epilogue. Any other
     `dot_general`, an `out_sharding` or a `preferred_element_type` takes
     Flax's own path (the activation then runs after it).
+
+    `fp8="blockwise"` runs the forward product and both backward products on
+    block-scaled fp8 operands quantized on the fly (`jax_cluster.ops.fp8_training`;
+    rows and features in multiples of 128); the parameters stay as they are.
     """
 
     def __init__(
@@ -29,14 +34,22 @@ class Linear(nnx.Linear):
         out_features: int,
         *,
         activation: str = "none",
+        fp8: str | None = None,
         dot_general=cluster_dot_general,
         **kwargs,
     ):
         activation_fn(activation)  # an unknown name fails here, not at the first call
+        check_recipe(fp8)
         super().__init__(in_features, out_features, dot_general=dot_general, **kwargs)
-        self.activation = activation
+        self.activation, self.fp8 = activation, fp8
 
     def __call__(self, inputs, out_sharding=None):
+        if self.fp8 is not None:
+            kernel = self.kernel[...]
+            bias = self.bias[...] if self.bias is not None else None
+            inputs, kernel, bias = self.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
+            y = fp8_linear(inputs, kernel)
+            return activation_fn(self.activation)(y if bias is None else y + bias)
         if (
             self.dot_general is not cluster_dot_general
             or out_sharding is not None

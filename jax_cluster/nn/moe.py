@@ -53,6 +53,9 @@ class MoEMLP(nnx.Module):
     2H) and one weight-gradient product instead of two each. The result is
     the same function; the parameters are laid out differently
     (`split_gate_up` / `join_gate_up` convert).
+
+    `fp8="blockwise"` runs the experts' products in the blockwise fp8 recipe
+    (`GroupedLinear`); the router stays in the layer's dtype.
     """
 
     def __init__(
@@ -64,6 +67,7 @@ class MoEMLP(nnx.Module):
         *,
         token_blocks: int = 1,
         fuse_gate_up: bool = False,
+        fp8: str | None = None,
         activation=nnx.silu,
         dtype=None,
         param_dtype=jnp.float32,
@@ -85,7 +89,13 @@ class MoEMLP(nnx.Module):
             rngs=rngs,
         )
         grouped = functools.partial(
-            GroupedLinear, num_experts, dtype=dtype, param_dtype=param_dtype, ragged_dot=ragged_dot, rngs=rngs
+            GroupedLinear,
+            num_experts,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            ragged_dot=ragged_dot,
+            fp8=fp8,
+            rngs=rngs,
         )
         if fuse_gate_up:  # lecun_normal depends on fan-in only: each half inits like a separate kernel
             self.gate_up = grouped(features, 2 * hidden)

@@ -10,8 +10,11 @@ import numpy as np
 import pytest
 
 import jax_cluster
+from jax_cluster.ops.fp8_training import fp8_grouped, fp8_linear
 
 qwix = pytest.importorskip("qwix")
+nnx = pytest.importorskip("flax.nnx")
+jcnn = pytest.importorskip("jax_cluster.nn")
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 
 
@@ -125,3 +128,44 @@ def test_fp8_operands_must_come_in_pairs_and_in_the_recipes_blocks():
         jax_cluster.matmul(int8, qb)
     with pytest.raises(TypeError, match="quantize both operands"):
         jax_cluster.ragged_dot(qa, jnp.ones((2, 256, 128)), jnp.array([32, 32], jnp.int32))
+
+
+# --------------------------------------------------------------------------- the training recipe
+
+
+def _grads(fn, *args):
+    return jax.grad(lambda *a: (fn(*a).astype(jnp.float32) ** 2).sum(), argnums=(0, 1))(*args)
+
+
+def test_the_fp8_recipe_differentiates_close_to_bf16():
+    x = _normal(8, (256, 384)).astype(jnp.bfloat16)
+    w = (_normal(9, (384, 512)) * 0.05).astype(jnp.bfloat16)
+    ours = _grads(fp8_linear, x, w)
+    ref = _grads(lambda x, w: x @ w, x, w)
+    for got, want in zip(ours, ref):
+        assert got.dtype == want.dtype == jnp.bfloat16
+        assert _relative(got, want) < 8e-2  # e4m3 on all three products: about 4-5%
+    sizes = jnp.array([100, 28, 0, 128], jnp.int32)  # a 128-row token tile straddles two groups
+    wg = (_normal(10, (4, 384, 512)) * 0.05).astype(jnp.bfloat16)
+    ours = jax.jit(lambda x, w: _grads(lambda x, w: fp8_grouped(x, w, sizes), x, w))(x, wg)
+    ref = _grads(lambda x, w: jax.lax.ragged_dot(x, w, sizes), x, wg)
+    for got, want in zip(ours, ref):
+        assert _relative(got, want) < 8e-2
+    assert not np.asarray(ours[1][2], np.float32).any()  # the empty group gets no gradient
+
+
+def test_fp8_layers_take_the_recipe_and_refuse_what_it_cannot_run():
+    layer = jcnn.Linear(256, 384, fp8="blockwise", activation="gelu", dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    plain = jcnn.Linear(256, 384, activation="gelu", dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    x = _normal(11, (2, 64, 256))
+    assert _relative(layer(x), plain(x)) < 6e-2
+    grads = nnx.grad(lambda m: (m(x).astype(jnp.float32) ** 2).sum())(layer)
+    assert grads["kernel"][...].shape == (256, 384) and grads["bias"][...].shape == (384,)
+    with pytest.raises(ValueError, match="multiples of 128"):
+        layer(_normal(12, (100, 256)))
+    with pytest.raises(ValueError, match="fp8 must be None or one of"):
+        jcnn.Linear(256, 384, fp8="tensorwise", rngs=nnx.Rngs(0))
+    moe = jcnn.MoEMLP(128, 256, 4, 2, fp8="blockwise", dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    ref = jcnn.MoEMLP(128, 256, 4, 2, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    tokens = _normal(13, (2, 64, 128))
+    assert _relative(moe(tokens), ref(tokens)) < 8e-2
