@@ -183,13 +183,9 @@ def grouped_memory_bound(m, n, k, groups, dtype, out, device) -> bool:
 def grouped_memory_time(v: tables.Variant, m, n, k, groups, clusters, dtype, out, device) -> float:
     """The HBM time of a ragged_m problem in tile-units, stretched while
     fewer CTAs stream than it takes to saturate HBM (0 without a ridge point)."""
-    edge = ridge(device)
-    if edge is None or k == 0:
-        return 0.0
-    _, peak, bandwidth = edge
-    floor = grouped_bytes(m, n, k, groups, dtype, out) / bandwidth * (peak / device.sm_count) / (2 * k)
+    floor = hbm_tile_units(grouped_bytes(m, n, k, groups, dtype, out), k, device)
     busy = max(1, min(grouped_tiles(v, m, n, groups), clusters * v.cluster_size))
-    return floor * max(1.0, SATURATING_SM_SHARE * device.sm_count / busy)
+    return floor * streaming_stretch(busy, device)
 
 
 # --------------------------------------------------------------------------- memory
@@ -199,14 +195,24 @@ def _problem_bytes(m, n, k, batch, dtype, out) -> int:
     return bytes_moved(m, n, k, batch, tables.DTYPE_BYTES[dtype], tables.DTYPE_BYTES[out])
 
 
+def hbm_tile_units(moved: int, k: int, device) -> float:
+    """The HBM time of `moved` bytes in tile-units (0 without a modelled ridge point or K)."""
+    edge = ridge(device)
+    if edge is None or k == 0:
+        return 0.0
+    _, peak, bandwidth = edge
+    return moved / bandwidth * (peak / device.sm_count) / (2 * k)
+
+
+def streaming_stretch(busy: float, device) -> float:
+    """How much longer the HBM time runs while only `busy` CTAs stream."""
+    return max(1.0, SATURATING_SM_SHARE * device.sm_count / busy)
+
+
 def memory_floor(m, n, k, batch, dtype, out, device) -> float:
     """The HBM time of `bytes_moved`, in tile-units (0 without a modelled
     ridge point): no schedule beats it."""
-    edge = ridge(device)
-    if edge is None:
-        return 0.0
-    _, peak, bandwidth = edge
-    return _problem_bytes(m, n, k, batch, dtype, out) / bandwidth * (peak / device.sm_count) / (2 * k)
+    return hbm_tile_units(_problem_bytes(m, n, k, batch, dtype, out), k, device)
 
 
 def memory_time(v: tables.Variant, m, n, k, batch, clusters, schedule, swizzle, splits, floor, device):
@@ -222,5 +228,4 @@ def memory_time(v: tables.Variant, m, n, k, batch, clusters, schedule, swizzle, 
     units = tiles * splits  # whole-tile schedules: a short last wave streams with fewer CTAs
     busy = workers if schedule == "stream_k" else units / math.ceil(units / workers)
     extra = partials * v.cta_tile_m * v.tile_n * PARTIAL_BYTES_PER_ELEMENT
-    stretch = max(1.0, SATURATING_SM_SHARE * device.sm_count / busy)
-    return floor * (1 + extra / _problem_bytes(m, n, k, batch, v.dtype, v.out)) * stretch
+    return floor * (1 + extra / _problem_bytes(m, n, k, batch, v.dtype, v.out)) * streaming_stretch(busy, device)

@@ -61,36 +61,30 @@ def _efficiency(p) -> str:
 
 def _roofline(p) -> str:
     edge = cost_model.ridge(p.device)
-    if edge is not None and p.problem == "ragged_m":
-        return _grouped_roofline(p, edge)
-    if edge is None or p.problem != "dense":
+    if edge is None or p.problem not in ("dense", "ragged_m"):
         return ""
-    sizes = tables.DTYPE_BYTES
-    dims = (p.m, p.n, p.k, p.batch, sizes.get(p.dtype, 2), sizes.get(p.out_dtype, 2))
-    ai = cost_model.intensity(*dims)
-    point, peak, bandwidth = edge
-    kind = "memory-bound" if ai < point else "compute-bound"
-    moved = cost_model.bytes_moved(*dims)
-    return (
-        f"arithmetic intensity {ai:.0f} FLOP/byte against a ridge point of {point:.0f} "
-        f"({peak / 1e12:.0f} TFLOP/s / {bandwidth / 1e12:.2f} TB/s, modelled): {kind}; "
-        f"HBM floor {moved / bandwidth * 1e6:.1f} us for {moved / 1e6:.1f} MB, and the "
-        "planner ranks candidates by the longer of it and their compute makespan"
-    )
-
-
-def _grouped_roofline(p, edge) -> str:
-    moved = cost_model.grouped_bytes(p.m, p.n, p.k, p.groups, p.dtype, p.out_dtype)
+    if p.problem == "dense":
+        sizes = tables.DTYPE_BYTES
+        moved = cost_model.bytes_moved(p.m, p.n, p.k, p.batch, sizes.get(p.dtype, 2), sizes.get(p.out_dtype, 2))
+        flops, counted = 2 * p.batch * p.m * p.n * p.k, ""
+    else:
+        moved = cost_model.grouped_bytes(p.m, p.n, p.k, p.groups, p.dtype, p.out_dtype)
+        flops = 2 * p.m * p.n * p.k
+        counted = (
+            f", counting the weights of min(G, M) = {min(p.groups, p.m)} groups (a group without rows streams none)"
+        )
     if not moved:
         return ""
-    ai = 2 * p.m * p.n * p.k / moved
+    ai = flops / moved
     point, peak, bandwidth = edge
     kind = "memory-bound" if ai < point else "compute-bound"
+    # dense plans always rank on the longer of the two; grouped ones only when memory-bound
+    ranked = p.problem == "dense" or ai < point
     return (
         f"arithmetic intensity {ai:.0f} FLOP/byte against a ridge point of {point:.0f} "
-        f"({peak / 1e12:.0f} TFLOP/s / {bandwidth / 1e12:.2f} TB/s, modelled): {kind}, counting "
-        f"the weights of min(G, M) = {min(p.groups, p.m)} groups (a group without rows streams "
-        f"none); HBM floor {moved / bandwidth * 1e6:.1f} us for {moved / 1e6:.1f} MB"
+        f"({peak / 1e12:.0f} TFLOP/s / {bandwidth / 1e12:.2f} TB/s, modelled): {kind}{counted}; "
+        f"HBM floor {moved / bandwidth * 1e6:.1f} us for {moved / 1e6:.1f} MB"
+        + (", and the planner ranks candidates by the longer of it and their compute makespan" if ranked else "")
     )
 
 
