@@ -54,8 +54,8 @@ SWIZZLE_PADDING_BUDGET = 1.03
 # by 5%, and on 32 of 132 it lost by 18%.
 SATURATING_SM_SHARE = 0.95
 PARTIAL_BYTES_PER_ELEMENT = 8
-# Grouped rows this narrow (128x64) exist for decode: they are candidates only
-# where the weight stream bounds the call (no compute-bound call has timed them).
+# Grouped rows this narrow (128x64) exist for decode, where the weight stream
+# bounds the call; the planner takes them only when pinned until a GPU has run them.
 DECODE_TILE_N_MAX = 64
 
 # dense bf16/f16 tensor-core FLOP/s per SM (H100/H200 SXM: ~989 TFLOP/s on 132
