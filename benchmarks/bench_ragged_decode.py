@@ -12,12 +12,16 @@ Both ceilings are measured in the same run. Each case is rows R = tokens x
 top_k from 1 to 2048 spread over 8 to 256 experts (each token's top_k experts
 drawn uniformly, fixed seed), with layer widths from published MoE models.
 
-Contenders, forward only (decode): jax_cluster.ragged_dot, tokamax's mosaic
-ragged_dot at its default config, and lax.ragged_dot; each checked against a
+Contenders, forward only (decode): jax_cluster.ragged_dot as planned,
+jax_cluster.ragged_dot pinned to the narrow decode tile (NARROW_TILE, where
+the build has it; "jc_narrow"), tokamax's mosaic ragged_dot at its default
+config, and lax.ragged_dot; each checked against a
 float32 per-group reference first, then timed by CUPTI with inputs rotated
 past L2 (bench_ragged's helpers). Writes ragged_decode.json with rows[] of
 {config, tokens, top_k, rows, experts, nonempty_groups, bytes, roofline_ms,
-jc_ms, tokamax_ms, xla_ms, jc_share_of_roofline, jc_vs_tokamax} and a PNG.
+jc_ms, jc_narrow_ms, tokamax_ms, xla_ms, jc_share_of_roofline,
+jc_narrow_share_of_roofline, jc_vs_tokamax} (a contender that cannot run
+records {name}_error) and a PNG.
 
     python benchmarks/bench_ragged_decode.py --list
     python benchmarks/bench_ragged_decode.py --out benchmarks/results/h200
@@ -27,9 +31,11 @@ jc_ms, tokamax_ms, xla_ms, jc_share_of_roofline, jc_vs_tokamax} and a PNG.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import pathlib
+import re
 import sys
 
 import jax
@@ -57,6 +63,7 @@ LAYERS = [
 SMOKE = [("smoke gate", 128, 64, 8, 2), ("smoke down", 64, 128, 16, 4)]
 ROWS = (1, 8, 64, 256, 512, 2048)  # tokens x top_k
 SEED = 20261203
+NARROW_TILE = (128, 64, 64)  # the decode rows: a 64-wide N tile streams a layer's weights over more CTAs
 
 
 def case_sizes(rows: int, experts: int, top_k: int) -> np.ndarray:
@@ -78,6 +85,14 @@ def dense_peak_flops(iterations: int) -> float:
     a = common.randn(jax.random.key(1), (n, n), DTYPE)
     b = common.randn(jax.random.key(2), (n, n), DTYPE)
     return 2 * n**3 / (timing.cupti_ms(jnp.matmul, [(a, b)], iterations) * 1e-3)
+
+
+def narrow_ragged_dot(m: int, n: int, k: int, experts: int):
+    """jax_cluster.ragged_dot pinned to NARROW_TILE, or None and why it cannot run."""
+    plan = jax_cluster.plan_ragged(m, n, k, experts, problem="ragged_m", dtype=DTYPE, tile=NARROW_TILE)
+    if plan.path != "kernel":
+        return None, f"no kernel plan for the narrow tile: {plan.reason}"
+    return functools.partial(jax_cluster.ragged_dot, plan=plan), None
 
 
 def measure(name, k, n, experts, top_k, rows, ceilings, iterations, timer) -> dict:
@@ -111,11 +126,18 @@ def measure(name, k, n, experts, top_k, rows, ceilings, iterations, timer) -> di
     reference = bench_ragged.grouped_reference(case, "fwd", first)
     tokamax_error = bench_ragged.tokamax_problem()
     tokamax = None if tokamax_error else bench_ragged.tokamax_ragged_dot(None)
-    contenders = {"jc": jax_cluster.ragged_dot, "tokamax": tokamax, "xla": jax.lax.ragged_dot}
+    narrow, narrow_error = narrow_ragged_dot(m, n, k, experts)
+    contenders = {
+        "jc": jax_cluster.ragged_dot,
+        "jc_narrow": narrow,
+        "tokamax": tokamax,
+        "xla": jax.lax.ragged_dot,
+    }
+    errors = {"jc_narrow": narrow_error, "tokamax": tokamax_error}
     for short, ragged_dot in contenders.items():
         row[f"{short}_ms"] = None
         if ragged_dot is None:
-            row[f"{short}_error"] = tokamax_error
+            row[f"{short}_error"] = errors[short]
             continue
         fn = lambda a, b, ragged_dot=ragged_dot: ragged_dot(a, b, gs)  # noqa: E731
         result = bench_ragged.check_then_time(
@@ -132,6 +154,8 @@ def measure(name, k, n, experts, top_k, rows, ceilings, iterations, timer) -> di
     if row["jc_ms"]:
         row["jc_share_of_roofline"] = roofline_ms / row["jc_ms"]
         row["jc_vs_tokamax"] = row["tokamax_ms"] / row["jc_ms"] if row.get("tokamax_ms") else None
+    if row["jc_narrow_ms"]:
+        row["jc_narrow_share_of_roofline"] = roofline_ms / row["jc_narrow_ms"]
     return row
 
 
@@ -166,10 +190,12 @@ def main(argv=None):
     common.add_out_argument(parser)
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="tokens x top_k per case")
+    parser.add_argument("--layers", default="", help="regex: only the layers whose name matches")
     parser.add_argument("--smoke", action="store_true", help="tiny layers, for any device")
     parser.add_argument("--list", action="store_true", help="print the cases and exit (no GPU)")
     args = parser.parse_args(argv)
     layers = SMOKE if args.smoke else LAYERS
+    layers = [layer for layer in layers if re.search(args.layers, layer[0])]
     todo = [(layer, rows) for layer in layers for rows in map(int, args.rows.split(","))]
     if args.list:
         for (name, k, n, experts, top_k), rows in todo:
@@ -192,7 +218,8 @@ def main(argv=None):
         row = measure(name, k, n, experts, top_k, r, ceilings, args.iterations, timer)
         rows.append(row)
         cells = " ".join(
-            f"{c} {row[c + '_ms']:.4f}" if row.get(c + "_ms") else f"{c} -" for c in ("jc", "tokamax", "xla")
+            f"{c} {row[c + '_ms']:.4f}" if row.get(c + "_ms") else f"{c} -"
+            for c in ("jc", "jc_narrow", "tokamax", "xla")
         )
         print(f"{name:<22} rows={row['rows']:<5} roofline {row['roofline_ms']:.4f} ms | {cells}", flush=True)
         # after every case: a run cut off by a time limit keeps what it measured

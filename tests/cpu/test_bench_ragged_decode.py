@@ -36,5 +36,5 @@ def test_a_smoke_run_records_the_roofline_and_every_contender(bench, tmp_path):
     assert len(payload["rows"]) == len(bench.SMOKE)
     for row in payload["rows"]:
         assert row["roofline_ms"] > 0 and row["jc_ms"] > 0 and row["jc_share_of_roofline"] > 0
-        for name in ("tokamax", "xla"):
+        for name in ("jc_narrow", "tokamax", "xla"):
             assert row[f"{name}_ms"] or row[f"{name}_error"]
