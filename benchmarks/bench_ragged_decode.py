@@ -12,16 +12,17 @@ Both ceilings are measured in the same run. Each case is rows R = tokens x
 top_k from 1 to 2048 spread over 8 to 256 experts (each token's top_k experts
 drawn uniformly, fixed seed), with layer widths from published MoE models.
 
-Contenders, forward only (decode): jax_cluster.ragged_dot as planned,
-jax_cluster.ragged_dot pinned to the narrow decode tile (NARROW_TILE, where
-the build has it; "jc_narrow"), tokamax's mosaic ragged_dot at its default
-config, and lax.ragged_dot; each checked against a
+Contenders, forward only (decode): jax_cluster.ragged_dot as planned (its
+tile in jc_tile_n), jax_cluster.ragged_dot pinned to each tile of
+PINNED_TILES where the build has it ("jc_wide", "jc_narrow"), tokamax's
+mosaic ragged_dot at its default config, and lax.ragged_dot; each checked against a
 float32 per-group reference first, then timed by CUPTI with inputs rotated
 past L2 (bench_ragged's helpers). Writes ragged_decode.json with rows[] of
 {config, tokens, top_k, rows, experts, nonempty_groups, bytes, roofline_ms,
-jc_ms, jc_narrow_ms, tokamax_ms, xla_ms, jc_share_of_roofline,
-jc_narrow_share_of_roofline, jc_vs_tokamax} (a contender that cannot run
-records {name}_error) and a PNG.
+jc_ms, jc_tile_n, jc_wide_ms, jc_narrow_ms, tokamax_ms, xla_ms,
+jc_share_of_roofline, jc_vs_tokamax} (a contender that cannot run records
+{name}_error) and a PNG. --resume FILE keeps an earlier run's rows of the
+cases this run does not measure.
 
     python benchmarks/bench_ragged_decode.py --list
     python benchmarks/bench_ragged_decode.py --out benchmarks/results/h200
@@ -63,7 +64,9 @@ LAYERS = [
 SMOKE = [("smoke gate", 128, 64, 8, 2), ("smoke down", 64, 128, 16, 4)]
 ROWS = (1, 8, 64, 256, 512, 2048)  # tokens x top_k
 SEED = 20261203
-NARROW_TILE = (128, 64, 64)  # the decode rows: a 64-wide N tile streams a layer's weights over more CTAs
+# The grouped tiles, pinned: the training tile, and the decode tile whose 64-wide
+# N puts more CTAs on a few groups' weights, each with fewer bytes in flight.
+PINNED_TILES = {"jc_wide": (128, 256, 64), "jc_narrow": (128, 64, 64)}
 
 
 def case_sizes(rows: int, experts: int, top_k: int) -> np.ndarray:
@@ -87,11 +90,11 @@ def dense_peak_flops(iterations: int) -> float:
     return 2 * n**3 / (timing.cupti_ms(jnp.matmul, [(a, b)], iterations) * 1e-3)
 
 
-def narrow_ragged_dot(m: int, n: int, k: int, experts: int):
-    """jax_cluster.ragged_dot pinned to NARROW_TILE, or None and why it cannot run."""
-    plan = jax_cluster.plan_ragged(m, n, k, experts, problem="ragged_m", dtype=DTYPE, tile=NARROW_TILE)
+def pinned_ragged_dot(m: int, n: int, k: int, experts: int, tile):
+    """jax_cluster.ragged_dot pinned to `tile`, or None and why it cannot run."""
+    plan = jax_cluster.plan_ragged(m, n, k, experts, problem="ragged_m", dtype=DTYPE, tile=tile)
     if plan.path != "kernel":
-        return None, f"no kernel plan for the narrow tile: {plan.reason}"
+        return None, f"no kernel plan for the tile {tile}: {plan.reason}"
     return functools.partial(jax_cluster.ragged_dot, plan=plan), None
 
 
@@ -103,6 +106,7 @@ def measure(name, k, n, experts, top_k, rows, ceilings, iterations, timer) -> di
     roofline_ms = max(2 * m * k * n / peak, nbytes / bandwidth) * 1e3
     row = {
         "config": name,
+        "commit": common.run_record()["commit"],  # a resumed file holds rows of several runs
         "k": k,
         "n": n,
         "experts": experts,
@@ -126,14 +130,12 @@ def measure(name, k, n, experts, top_k, rows, ceilings, iterations, timer) -> di
     reference = bench_ragged.grouped_reference(case, "fwd", first)
     tokamax_error = bench_ragged.tokamax_problem()
     tokamax = None if tokamax_error else bench_ragged.tokamax_ragged_dot(None)
-    narrow, narrow_error = narrow_ragged_dot(m, n, k, experts)
-    contenders = {
-        "jc": jax_cluster.ragged_dot,
-        "jc_narrow": narrow,
-        "tokamax": tokamax,
-        "xla": jax.lax.ragged_dot,
-    }
-    errors = {"jc_narrow": narrow_error, "tokamax": tokamax_error}
+    planned = jax_cluster.plan_ragged(m, n, k, experts, problem="ragged_m", dtype=DTYPE)
+    row["jc_tile_n"] = planned.tile_n if planned.path == "kernel" else None
+    contenders, errors = {"jc": jax_cluster.ragged_dot}, {"tokamax": tokamax_error}
+    for short, tile in PINNED_TILES.items():
+        contenders[short], errors[short] = pinned_ragged_dot(m, n, k, experts, tile)
+    contenders.update(tokamax=tokamax, xla=jax.lax.ragged_dot)
     for short, ragged_dot in contenders.items():
         row[f"{short}_ms"] = None
         if ragged_dot is None:
@@ -154,9 +156,14 @@ def measure(name, k, n, experts, top_k, rows, ceilings, iterations, timer) -> di
     if row["jc_ms"]:
         row["jc_share_of_roofline"] = roofline_ms / row["jc_ms"]
         row["jc_vs_tokamax"] = row["tokamax_ms"] / row["jc_ms"] if row.get("tokamax_ms") else None
-    if row["jc_narrow_ms"]:
-        row["jc_narrow_share_of_roofline"] = roofline_ms / row["jc_narrow_ms"]
     return row
+
+
+def earlier_rows(path) -> dict:
+    """{(config, rows): row} of an earlier run's JSON (none without one)."""
+    if path is None or not path.exists():
+        return {}
+    return {(r["config"], r["rows"]): r for r in json.loads(path.read_text())["rows"]}
 
 
 def summary(rows) -> dict:
@@ -190,6 +197,7 @@ def main(argv=None):
     common.add_out_argument(parser)
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="tokens x top_k per case")
+    parser.add_argument("--resume", type=pathlib.Path, help="an earlier ragged_decode.json whose other cases to keep")
     parser.add_argument("--layers", default="", help="regex: only the layers whose name matches")
     parser.add_argument("--smoke", action="store_true", help="tiny layers, for any device")
     parser.add_argument("--list", action="store_true", help="print the cases and exit (no GPU)")
@@ -213,13 +221,16 @@ def main(argv=None):
     else:  # no CUPTI (a CPU): wall time against nominal ceilings, for the harness only
         timer, ceilings = timing.wall_ms, (1e12, 1e11)
     print(f"ceilings: {ceilings[0] / 1e12:.0f} TFLOP/s, {ceilings[1] / 1e12:.2f} TB/s")
-    rows = []
+    measured = {(name, int(case_sizes(r, experts, top_k).sum())) for (name, _, _, experts, top_k), r in todo}
+    rows = [row for key, row in earlier_rows(args.resume).items() if key not in measured]
+    order = {name: i for i, (name, *_) in enumerate(LAYERS + SMOKE)}
     for (name, k, n, experts, top_k), r in todo:
         row = measure(name, k, n, experts, top_k, r, ceilings, args.iterations, timer)
         rows.append(row)
+        rows.sort(key=lambda row: (order.get(row["config"], len(order)), row["rows"]))
         cells = " ".join(
             f"{c} {row[c + '_ms']:.4f}" if row.get(c + "_ms") else f"{c} -"
-            for c in ("jc", "jc_narrow", "tokamax", "xla")
+            for c in ("jc", *PINNED_TILES, "tokamax", "xla")
         )
         print(f"{name:<22} rows={row['rows']:<5} roofline {row['roofline_ms']:.4f} ms | {cells}", flush=True)
         # after every case: a run cut off by a time limit keeps what it measured
@@ -230,7 +241,7 @@ def main(argv=None):
             "peak_flops": ceilings[0],
             "bandwidth_bytes_per_s": ceilings[1],
             "timing": "cupti" if timer is timing.cupti_ms else "wall",
-            "cases": f"{len(rows)} of {len(todo)}",
+            "cases": f"{len(rows)} rows; this run measured {len(todo)} cases",
             "summary": summary(rows),
             "rows": rows,
         }

@@ -54,8 +54,16 @@ SWIZZLE_PADDING_BUDGET = 1.03
 # by 5%, and on 32 of 132 it lost by 18%.
 SATURATING_SM_SHARE = 0.95
 PARTIAL_BYTES_PER_ELEMENT = 8
-# Grouped rows this narrow (128x64) exist for decode, where the weight stream
-# bounds the call; the planner takes them only when pinned until a GPU has run them.
+# A streaming CTA keeps its pipeline's weight stages in flight (stages x
+# tile_n x tile_k elements), so by Little's law it pulls that many bytes per
+# loaded-HBM latency, which grows with the loads it keeps queued. Fitted on
+# the H200's decode runs (OLMoE and DeepSeek-V3 gate projections at 8 rows,
+# a ~10 us fixed cost per call taken off): 3.1 us with 4 stages of 128x256x64,
+# 3.8-3.9 us with 8 stages of 128x64x64. A lead elsewhere.
+LOADED_HBM_LATENCY_S = 2.35e-6
+LATENCY_PER_STAGE_S = 0.19e-6
+# Grouped rows this narrow (128x64) are decode rows: measured only where the
+# weight stream bounds the call, so the planner takes them there alone.
 DECODE_TILE_N_MAX = 64
 
 # dense bf16/f16 tensor-core FLOP/s per SM (H100/H200 SXM: ~989 TFLOP/s on 132
@@ -181,11 +189,28 @@ def grouped_memory_bound(m, n, k, groups, dtype, out, device) -> bool:
 
 
 def grouped_memory_time(v: tables.Variant, m, n, k, groups, clusters, dtype, out, device) -> float:
-    """The HBM time of a ragged_m problem in tile-units, stretched while
-    fewer CTAs stream than it takes to saturate HBM (0 without a ridge point)."""
-    floor = hbm_tile_units(grouped_bytes(m, n, k, groups, dtype, out), k, device)
-    busy = max(1, min(grouped_tiles(v, m, n, groups), clusters * v.cluster_size))
-    return floor * streaming_stretch(busy, device)
+    """The HBM time of a ragged_m problem in tile-units (0 without a ridge
+    point): the whole stream at the device's bandwidth, or, when slower, the
+    waves of tiles each busy CTA streams at its own pull rate
+    (cta_pull_rate), whichever is longer."""
+    edge = ridge(device)
+    tiles = grouped_tiles(v, m, n, groups)
+    if edge is None or k == 0 or tiles == 0:
+        return 0.0
+    _, peak, bandwidth = edge
+    busy = min(tiles, clusters * v.cluster_size)
+    tile_bytes = k * v.tile_n * tables.DTYPE_BYTES[dtype]
+    seconds = max(
+        grouped_bytes(m, n, k, groups, dtype, out) / bandwidth,
+        math.ceil(tiles / busy) * tile_bytes / cta_pull_rate(v, dtype),
+    )
+    return seconds * (peak / device.sm_count) / (2 * k)
+
+
+def cta_pull_rate(v: tables.Variant, dtype) -> float:
+    """Bytes/s one CTA streams weights at: its stages in flight per loaded-HBM latency."""
+    latency = LOADED_HBM_LATENCY_S + v.stages * LATENCY_PER_STAGE_S
+    return v.stages * v.tile_n * v.tile_k * tables.DTYPE_BYTES[dtype] / latency
 
 
 # --------------------------------------------------------------------------- memory

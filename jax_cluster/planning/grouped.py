@@ -9,9 +9,10 @@ A ragged plan describes its GEMM view (m, n, k) plus the group count:
 Group sizes live on the device, so the model assumes evenly filled groups.
 A ragged_m call whose weights (those of the groups that can receive rows)
 take longer to stream than its MMAs is memory-bound: its time is the stream,
-at the rate of the CTAs a variant keeps busy. The narrow decode rows
-(cost_model.DECODE_TILE_N_MAX) run only when a plan pins them (variant= or
-tile=): no GPU has run them yet.
+at the rate the CTAs a variant keeps busy can pull (cost_model.cta_pull_rate):
+a narrow decode tile (cost_model.DECODE_TILE_N_MAX, memory-bound calls only
+unless pinned) puts more CTAs on few groups' weights, each with fewer bytes
+in flight.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def plan_ragged(
         return xla_plan(base, why)
 
     memory_bound = problem == "ragged_m" and cost_model.grouped_memory_bound(m, n, k, groups, call.dtype, out, dev)
-    if "variant" not in overrides and "tile" not in overrides:  # the decode rows run only when pinned
+    if not memory_bound and "variant" not in overrides and "tile" not in overrides:
         rows = [v for v in rows if v.tile_n > cost_model.DECODE_TILE_N_MAX]
 
     def options(v: tables.Variant, clusters: int):

@@ -320,23 +320,27 @@ def _decode_rows_compiled() -> bool:
 
 @pytest.mark.skipif(not _decode_rows_compiled(), reason="the extension has no compiled narrow sm90a grouped row")
 @pytest.mark.parametrize("b_major", ["n", "k"])
-def test_decode_is_modelled_memory_bound_and_runs_the_narrow_tile_only_when_pinned(b_major):
+def test_decode_takes_the_narrow_tile_only_where_few_groups_leave_sms_idle(b_major):
     plan = lambda m, n, k, g, **kw: jax_cluster.plan_ragged(  # noqa: E731
         m, n, k, g, problem="ragged_m", dtype=jnp.bfloat16, b_major=b_major, device=H200, **kw
     )
-    # 8 rows on at most 8 of 64 experts: the weights' stream bounds the call
-    decode = plan(8, 1024, 2048, 64)
-    assert decode.memory_bound and decode.tile_n == 256 and "memory-bound" in decode.reason
-    assert "counting the weights of min(G, M) = 8 groups" in decode.explain()
-    # the 128x64 rows have not run on a GPU: a pin takes them, the planner alone never does
-    pinned = plan(8, 1024, 2048, 64, tile=(128, 64, 64))
-    assert pinned.tile_n == 64 and pinned.memory_bound
-    # its model ranks the narrow tile ahead there: 16 CTAs stream each group's weights instead of 4
     menu = {v.name: v for v in tables.load_menu()}
-    stream = lambda p: cost_model.grouped_memory_time(  # noqa: E731
-        menu[p.variant], 8, 1024, 2048, 64, 132, "bf16", "bf16", H200
+    stream = lambda p, m, n, k, g: cost_model.grouped_memory_time(  # noqa: E731
+        menu[p.variant], m, n, k, g, 132, "bf16", "bf16", H200
     )
-    assert stream(pinned) < stream(decode)
+    # 8 rows on at most 8 of 64 experts: 32 wide tiles leave 100 SMs idle,
+    # 128 narrow ones stream the same weights on four times the CTAs
+    decode = plan(8, 1024, 2048, 64)
+    assert decode.memory_bound and decode.tile_n == 64 and "memory-bound" in decode.reason
+    assert "counting the weights of min(G, M) = 8 groups" in decode.explain()
+    wide = plan(8, 1024, 2048, 64, tile=(128, 256, 64))
+    assert wide.tile_n == 256 and stream(decode, 8, 1024, 2048, 64) < stream(wide, 8, 1024, 2048, 64)
+    # more groups, or wider layers: the narrow tiles run in waves at half the
+    # wide tile's pull rate, so the wide tile stays (DeepSeek-V3's gate at 8 and
+    # 64 rows, OLMoE's at 64, Mixtral's at 8)
+    for shape in ((8, 2048, 7168, 256), (64, 2048, 7168, 256), (64, 1024, 2048, 64), (8, 14336, 4096, 8)):
+        p = plan(*shape)
+        assert p.memory_bound and p.tile_n == 256, (shape, p.variant)
     # compute-bound calls are not memory-bound
     for shape in ((4096, 2048, 1024, 8), (16384, 14336, 4096, 8), (65536, 512, 1536, 40), (2048, 14336, 4096, 8)):
         p = plan(*shape)
