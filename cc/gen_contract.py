@@ -77,6 +77,7 @@ def header(t) -> str:
     capabilities = ", ".join(
         f'{{"{arch}", {major}, {minor}}}' for arch, ccs in t.ARCH_CAPABILITIES.items() for major, minor in ccs
     )
+    scaled = ", ".join(f'"{n}"' for n in t.BLOCK_SCALED_DTYPES)
     parts = [
         PREAMBLE,
         "// The Plan's kernel fields, in the order of the struct: X(type, name).\n"
@@ -84,6 +85,9 @@ def header(t) -> str:
         "// The element types: X(name, bytes, xla::ffi::DataType enumerator).\n"
         + x_macro("JAX_CLUSTER_DTYPES", [(n, size, ffi[n]) for n, size in t.DTYPE_BYTES.items()]),
         "namespace jax_cluster {\n",
+        "// fp8 dtypes: their A and B come with float32 block scales (the scaled-GEMM target).\n"
+        f"inline constexpr std::string_view kBlockScaledDtypes[] = {{{scaled}}};\n"
+        f"inline constexpr int kScaleBlock = {t.SCALE_BLOCK};\n",
         "// Enumerator values are positions in the table; k*Names[value] is its name.\n"
         + enum("Schedule", t.SCHEDULES),
         enum("Raster", t.RASTERS),

@@ -20,6 +20,7 @@
 #include "ffi/gemm_ffi.h"
 #include "ffi/plan_state.h"
 #include "ffi/ragged_ffi.h"
+#include "ffi/scaled_gemm_ffi.h"
 #endif
 
 namespace nb = nanobind;
@@ -63,6 +64,7 @@ nb::dict registrations(bool command_buffers) {
   out[kGemmTarget] = stages(gemm_ffi_handlers(), command_buffers);
   out[kGemmEpilogueTarget] = stages(gemm_epilogue_ffi_handlers(), command_buffers);
   out[kRaggedDotTarget] = stages(ragged_ffi_handlers(), command_buffers);
+  out[kScaledGemmTarget] = stages(scaled_gemm_ffi_handlers(), command_buffers);
   return out;
 }
 

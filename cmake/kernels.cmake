@@ -61,7 +61,8 @@ endforeach()
 
 target_sources(_ext PRIVATE ${_jc_table} cc/dispatch/variant_table.cc cc/dispatch/device_slots.cc
                cc/dispatch/gemm_dispatch.cc cc/ffi/dense_call.cc cc/ffi/gemm_ffi.cc
-               cc/ffi/gemm_epilogue_ffi.cc cc/ffi/plan_state.cc cc/ffi/ragged_ffi.cc)
+               cc/ffi/gemm_epilogue_ffi.cc cc/ffi/plan_state.cc cc/ffi/ragged_ffi.cc
+               cc/ffi/scaled_gemm_ffi.cc)
 foreach(_lib IN LISTS _jc_kernel_libs)
   target_sources(_ext PRIVATE $<TARGET_OBJECTS:${_lib}>)
 endforeach()

@@ -38,6 +38,11 @@ struct GemmProblem {
   void* d = nullptr;
   const int32_t* group_sizes = nullptr;  // grouped variants only
   EpilogueArgs epilogue;                 // "bias_act" variants only
+  // Block-scaled (fp8) variants only: float32 scales, K-block-major. scale_a
+  // is [K/128, M] (A in 1x128 tiles along K), scale_b [K/128, ceil(N/128)]
+  // (B in 128x128 blocks).
+  const float* scale_a = nullptr;
+  const float* scale_b = nullptr;
 };
 
 // Runtime choices the compiled variant leaves open; all come from the Plan.

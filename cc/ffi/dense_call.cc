@@ -42,9 +42,17 @@ std::string problem_from_buffers(const VariantEntry& v, const xla::ffi::AnyBuffe
 
 }  // namespace
 
-std::string check_dense_variant(const VariantEntry& v, const char* epilogue) {
+bool block_scaled(const VariantEntry& v) {
+  return index_of(kBlockScaledDtypes, std::string_view(v.dtype)) >= 0;
+}
+
+std::string check_dense_variant(const VariantEntry& v, const char* epilogue, bool scaled) {
   if (std::string(v.problem) != "dense")
     return std::string("variant ") + v.name + " is grouped: call " + kRaggedDotTarget;
+  if (block_scaled(v) != scaled)
+    return std::string("variant ") + v.name +
+           (scaled ? " is not block-scaled: call " + std::string(kGemmTarget)
+                   : " is block-scaled: call " + std::string(kScaledGemmTarget));
   if (std::string(v.epilogue) != epilogue)
     return std::string("variant ") + v.name + " has epilogue '" + v.epilogue +
            "', this call needs '" + epilogue + "'";

@@ -11,9 +11,13 @@
 
 namespace jax_cluster {
 
+// Whether the variant reads fp8 operands with float32 block scales.
+bool block_scaled(const VariantEntry& v);
+
 // `epilogue` is the menu epilogue the calling handler serves ("none" or
-// "bias_act"); a variant with another one, or a grouped one, is refused.
-std::string check_dense_variant(const VariantEntry& v, const char* epilogue);
+// "bias_act") and `scaled` whether it passes block scales; a variant that
+// differs in either, or a grouped one, is refused.
+std::string check_dense_variant(const VariantEntry& v, const char* epilogue, bool scaled = false);
 
 // Checks A, B and D against the variant and describes the launch.
 std::string dense_problem(const VariantEntry& v, const xla::ffi::AnyBuffer& a,

@@ -12,6 +12,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/cluster_launch.hpp>
 #include <cutlass/cutlass.h>
+#include <cutlass/detail/blockwise_scale_layout.hpp>
 #include <cutlass/device_kernel.h>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
@@ -42,6 +43,54 @@ struct BiasActEpilogue {  // D = act(alpha * A·B + beta * C + bias[n])
   using FusionOp =
       cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeActivation, ElementD, float,
                                                          ElementD, ElementD, float>;
+};
+
+// How the mainloop reads A and B (a variant's dtype decides): as they are,
+// or as fp8 with float32 block scales that it applies to each K block's
+// partial sums before adding them to the fp32 accumulators.
+struct PlainOperands {
+  static constexpr bool kBlockScaled = false;
+  template <int Stages, int EpilogueBytes>
+  using StageCount = cutlass::gemm::collective::StageCount<Stages>;
+  template <class Layout>
+  using LayoutA = Layout;
+  template <class Layout>
+  using LayoutB = Layout;
+  template <class MainloopArguments, class ElementAB, class StrideA, class StrideB>
+  static MainloopArguments mainloop(const GemmProblem&, int, int, const void* a, StrideA sa,
+                                    const void* b, StrideB sb) {
+    return {static_cast<const ElementAB*>(a), sa, static_cast<const ElementAB*>(b), sb};
+  }
+};
+
+// A in 1 x kScaleBlock tiles along K, B in kScaleBlock x kScaleBlock blocks;
+// both scale arrays K-block-major (CUTLASS's MN-major scale layout).
+struct BlockScaledOperands {
+  static constexpr bool kBlockScaled = true;
+  // CUTLASS's builder sizes this mainloop's pipeline itself (the scales take
+  // shared memory too); the menu row names the count it arrives at.
+  template <int Stages, int EpilogueBytes>
+  using StageCount = cutlass::gemm::collective::StageCountAutoCarveout<EpilogueBytes>;
+  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, kScaleBlock, kScaleBlock>;
+  using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
+  using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+  template <class Layout>
+  using LayoutA = cute::tuple<Layout, LayoutSFA>;
+  template <class Layout>
+  using LayoutB = cute::tuple<Layout, LayoutSFB>;
+  template <class MainloopArguments, class ElementAB, class StrideA, class StrideB>
+  static MainloopArguments mainloop(const GemmProblem& p, int m, int n, const void* a, StrideA sa,
+                                    const void* b, StrideB sb) {
+    auto shape = cute::make_shape(m, n, p.k, p.batch);
+    return {static_cast<const ElementAB*>(a),
+            sa,
+            static_cast<const ElementAB*>(b),
+            sb,
+            p.scale_a,
+            ScaleConfig::tile_atom_to_shape_SFA(shape),
+            p.scale_b,
+            ScaleConfig::tile_atom_to_shape_SFB(shape)};
+  }
 };
 
 // Sets the kernel's shared-memory size (and, on sm90, the non-portable
@@ -163,12 +212,14 @@ const char* initialize_and_run(typename Gemm::Arguments const& args, void* works
 template <class Arch, class ElementAB, class ElementD, class LayoutA, class LayoutB,
           class TileShape, class ClusterShape, int Stages, class MainloopSchedule,
           class EpilogueSchedule, class TileScheduler, class Epilogue = PlainEpilogue,
-          bool SwapAB = false>
+          bool SwapAB = false, class Operands = PlainOperands>
 struct CutlassUniversalGemm {
   static constexpr int kAlignAB = 16 / sizeof(ElementAB);
   static constexpr int kAlignD = 16 / sizeof(ElementD);
   // bias[n] of the fused epilogue would become a per-row bias of D^T
   static_assert(!(SwapAB && Epilogue::kFused), "swapped variants have the plain epilogue only");
+  // the scales are A's rows and B's columns: swapping would swap their tiles
+  static_assert(!(SwapAB && Operands::kBlockScaled), "block-scaled variants are not swapped");
   using LayoutD =
       std::conditional_t<SwapAB, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
 
@@ -179,9 +230,14 @@ struct CutlassUniversalGemm {
       EpilogueSchedule, typename Epilogue::template FusionOp<ElementD>>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      Arch, cutlass::arch::OpClassTensorOp, ElementAB, LayoutA, kAlignAB, ElementAB, LayoutB,
-      kAlignAB, float, TileShape, ClusterShape, cutlass::gemm::collective::StageCount<Stages>,
+      Arch, cutlass::arch::OpClassTensorOp, ElementAB, typename Operands::template LayoutA<LayoutA>,
+      kAlignAB, ElementAB, typename Operands::template LayoutB<LayoutB>, kAlignAB, float, TileShape,
+      ClusterShape,
+      typename Operands::template StageCount<
+          Stages, static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
       MainloopSchedule>::CollectiveOp;
+  static_assert(CollectiveMainloop::DispatchPolicy::Stages == Stages,
+                "the mainloop's pipeline has another stage count than the menu row names");
 
   using Kernel =
       cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
@@ -208,7 +264,8 @@ struct CutlassUniversalGemm {
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
         {m, n, p.k, p.batch},
-        {static_cast<const ElementAB*>(a), sa, static_cast<const ElementAB*>(b), sb},
+        Operands::template mainloop<typename CollectiveMainloop::Arguments, ElementAB>(p, m, n, a,
+                                                                                       sa, b, sb),
         {{}, nullptr, sd, static_cast<ElementD*>(p.d), sd}};
     const EpilogueArgs& e = p.epilogue;
     args.epilogue.thread.alpha = e.alpha;
@@ -250,6 +307,8 @@ struct CutlassUniversalGemm {
       return "stream-K and split-K need the stream-K scheduler, which this variant lacks";
     if (!Epilogue::kFused && !p.epilogue.is_identity())
       return "this variant has no fused epilogue (bias, activation, C)";
+    if (Operands::kBlockScaled && (p.scale_a == nullptr || p.scale_b == nullptr))
+      return "a block-scaled variant needs the scales of A and B";
     if (p.epilogue.beta != 0.0f && p.epilogue.c == nullptr) return "beta is not 0 but C is missing";
     auto args = arguments(p, c, s);
     if (Gemm::get_workspace_size(args) > workspace_bytes)

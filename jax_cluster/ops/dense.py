@@ -9,7 +9,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_cluster.ops import output_sharding
-from jax_cluster.ops.quantize import dequantized_operands
+from jax_cluster.ops.fp8_dense import scaled_product
+from jax_cluster.ops.quantize import dequantize, quantized_operands
 from jax_cluster.planning.call import Call
 from jax_cluster.planning.dense import plan_gemm
 from jax_cluster.planning.plan import Plan, dtype_name
@@ -35,13 +36,21 @@ def matmul(a, b, *, out_dtype=None, plan: Plan | None = None, precision=None, pr
     complex) is `jnp.matmul`, with `precision` passed on.
 
     Block-scaled fp8 operands (`jax_cluster.quantize`: a in (1, 128) blocks,
-    b in (128, 128)) give a bfloat16 result by default; they are dequantized
-    to bfloat16 and run the bf16 path until fp8 kernels exist.
+    b [K, N] in (128, 128)) give a bfloat16 result by default. They run on
+    the block-scaled fp8 kernel where its plan takes the call (a plan from
+    `jax_cluster.plan(M, N, K, dtype=jnp.float8_e4m3fn, out_dtype=jnp.bfloat16,
+    b_major="k")` pins it); elsewhere they are dequantized to bfloat16 and
+    run the bf16 path (with `plan`, if one is given for it).
     """
-    fp8 = dequantized_operands("jax_cluster.matmul", a, b)
+    fp8 = quantized_operands("jax_cluster.matmul", a, b)
     if fp8 is not None:
         out = out_dtype if out_dtype is not None else preferred_element_type
-        return matmul(*fp8, out_dtype=out if out is not None else jnp.bfloat16, plan=plan)
+        out = out if out is not None else jnp.bfloat16
+        if fp8[1].qvalue.ndim == 2:
+            product = scaled_product(*fp8, 0, out, plan)
+            if product is not None:
+                return product
+        return matmul(*(dequantize(q, jnp.bfloat16) for q in fp8), out_dtype=out, plan=plan)
     a, b = jnp.asarray(a), jnp.asarray(b)
     if (
         out_dtype is not None
@@ -124,13 +133,18 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     Block-scaled fp8 operands (`jax_cluster.quantize`) are taken in the
     matmul form only: lhs [..., M, K] in (1, 128) blocks contracting its last
     axis, rhs [K, N] or [N, K] in (128, 128) blocks, no batch dimensions;
-    the result is bfloat16 by default (see `matmul`).
+    the result is bfloat16 by default and runs as in `matmul`.
     """
-    fp8 = dequantized_operands("jax_cluster.dot_general", lhs, rhs)
+    fp8 = quantized_operands("jax_cluster.dot_general", lhs, rhs)
     if fp8 is not None:
-        _check_fp8_form(fp8[0].ndim, fp8[1].ndim, dimension_numbers)
+        _check_fp8_form(fp8[0].qvalue.ndim, fp8[1].qvalue.ndim, dimension_numbers)
         out = preferred_element_type if preferred_element_type is not None else jnp.bfloat16
-        return dot_general(*fp8, dimension_numbers, precision, out, out_sharding)
+        if out_sharding is None:
+            product = scaled_product(*fp8, dimension_numbers[0][1][0], out, None)
+            if product is not None:
+                return product
+        values = tuple(dequantize(q, jnp.bfloat16) for q in fp8)
+        return dot_general(*values, dimension_numbers, precision, out, out_sharding)
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     mapped = None
     takes = lhs.dtype == rhs.dtype and _primitive_takes(lhs.dtype, preferred_element_type)

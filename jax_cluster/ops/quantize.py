@@ -8,8 +8,10 @@ per block. Two block shapes cover DeepSeek-V3's recipe:
   (128, 128) weights: [K, N] (or each group's [K, N] of a [G, K, N] stack)
              in 128 x 128 blocks.
 The block names the last two axes; leading axes (a group axis) get a scale
-each. Until fp8 kernels run the product, the ops dequantize to bfloat16 and
-take the bf16 path: the recipe's rounding with bf16's speed.
+each. Dense products run on the block-scaled fp8 kernel where a plan takes
+them (ops/fp8_dense.py); elsewhere, and for grouped products, the ops
+dequantize to bfloat16 and take the bf16 path: the recipe's rounding with
+bf16's speed.
 """
 
 from __future__ import annotations
@@ -102,10 +104,10 @@ def check_operand(who: str, name: str, q, want_block: tuple[int, int]) -> None:
         )
 
 
-def dequantized_operands(who: str, lhs, rhs):
-    """(lhs, rhs) as bfloat16 when both are block-scaled fp8 QArrays in the
-    recipe's blocks (lhs 1x128, rhs 128x128), else None when neither is
-    quantized; a mix is an error."""
+def quantized_operands(who: str, lhs, rhs):
+    """(lhs, rhs) when both are block-scaled fp8 QArrays in the recipe's
+    blocks (lhs 1x128, rhs 128x128), else None when neither is quantized; a
+    mix, or other blocks, is an error."""
     quantized = is_quantized(lhs), is_quantized(rhs)
     if not any(quantized):
         return None
@@ -116,4 +118,10 @@ def dequantized_operands(who: str, lhs, rhs):
         )
     check_operand(who, "lhs", lhs, (1, 128))
     check_operand(who, "rhs", rhs, (128, 128))
-    return dequantize(lhs, jnp.bfloat16), dequantize(rhs, jnp.bfloat16)
+    return lhs, rhs
+
+
+def dequantized_operands(who: str, lhs, rhs):
+    """quantized_operands' pair as bfloat16, or None when neither is quantized."""
+    pair = quantized_operands(who, lhs, rhs)
+    return None if pair is None else tuple(dequantize(q, jnp.bfloat16) for q in pair)

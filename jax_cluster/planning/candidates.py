@@ -47,11 +47,31 @@ def why_xla(dev: DeviceInfo, call: Call, overrides: dict, op: str) -> str:
         return _ffi.why_no_kernels()
     if call.dtype not in tables.INPUT_DTYPES:
         return f"the kernels take {' or '.join(tables.INPUT_DTYPES)} inputs, not {call.dtype}"
-    if call.out_dtype not in (call.dtype, "f32"):
-        return f"the kernels write {call.dtype} or f32 from {call.dtype} inputs, not {call.out_dtype}"
+    outputs = tables.OUTPUT_DTYPES[call.dtype]
+    if call.out_dtype not in outputs:
+        return f"the kernels write {' or '.join(outputs)} from {call.dtype} inputs, not {call.out_dtype}"
     if min(call.m, call.n, call.k, call.count) == 0:
         return "the problem is empty"
+    if call.dtype in tables.BLOCK_SCALED_DTYPES:
+        why = _block_scaled_problem(call)
+        if why:
+            return why
     return _alignment_problem(call)
+
+
+def _block_scaled_problem(call: Call) -> str:
+    """What keeps a block-scaled (fp8) call off its kernel: the kernel reads
+    A and B K-major, one product, K in whole scale blocks, and A's scales
+    with TMA (a 16-byte row pitch: M a multiple of 4)."""
+    if call.problem != "dense" or call.epilogue != "none":
+        return "block-scaled fp8 runs plain dense products only"
+    if (call.a_major, call.b_major) != ("k", "k") or call.count != 1:
+        return "block-scaled fp8 reads A [M,K] and B [N,K] (K-major, no batch)"
+    if call.k % tables.SCALE_BLOCK:
+        return f"K = {call.k} is not a multiple of the scale block {tables.SCALE_BLOCK}"
+    if call.m % 4:
+        return f"M = {call.m} is not a multiple of 4 (A's scales are read with TMA)"
+    return ""
 
 
 def _cc_text(dev: DeviceInfo) -> str:

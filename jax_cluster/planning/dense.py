@@ -128,7 +128,8 @@ def plan_gemm(
     if choice is None:
         return xla_plan(base, NO_RESIDENT_CANDIDATE, notes)
     v, c = choice.variant, choice.candidate
-    if route == "measured" and not PINNING & set(overrides):
+    # XLA's dot has no block-scaled form: the alternative is dequantizing (the op's fallback)
+    if route == "measured" and call.dtype not in tables.BLOCK_SCALED_DTYPES and not PINNING & set(overrides):
         why_xla = routing.xla_is_faster(call, c.memory_bound, dev)
         if why_xla:
             return xla_plan(base, why_xla, notes)

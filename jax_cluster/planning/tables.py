@@ -40,6 +40,13 @@ DTYPE_BYTES: dict[str, int] = {name: d["bytes"] for name, d in _CONTRACT["dtypes
 NUMPY_DTYPES: dict[str, str] = {name: d["numpy"] for name, d in _CONTRACT["dtypes"].items()}
 INPUT_DTYPES: tuple[str, ...] = tuple(n for n, d in _CONTRACT["dtypes"].items() if d["input"])
 CUTLASS_TYPES: dict[str, str] = {name: d["cutlass"] for name, d in _CONTRACT["dtypes"].items()}
+# What the kernels write from each input dtype.
+OUTPUT_DTYPES: dict[str, tuple[str, ...]] = {n: tuple(d.get("outputs", ())) for n, d in _CONTRACT["dtypes"].items()}
+# fp8 inputs carry float32 block scales and run on the scaled-GEMM target only.
+BLOCK_SCALED_DTYPES: tuple[str, ...] = tuple(n for n, d in _CONTRACT["dtypes"].items() if d.get("block_scaled"))
+# The scale blocks of a block-scaled product: A in 1 x SCALE_BLOCK tiles along
+# K, B in SCALE_BLOCK x SCALE_BLOCK blocks.
+SCALE_BLOCK = 128
 FFI_DTYPES: dict[str, str] = {name: d["ffi"] for name, d in _CONTRACT["dtypes"].items()}  # xla::ffi::DataType
 # The compute capabilities whose machine code each arch's kernels are.
 ARCH_CAPABILITIES: dict[str, tuple[tuple[int, int], ...]] = {

@@ -15,7 +15,7 @@ from jax.interpreters import mlir
 
 from jax_cluster import _ffi
 from jax_cluster.planning.plan import Plan
-from jax_cluster.planning.tables import ACTIVATIONS, FFI_TARGETS
+from jax_cluster.planning.tables import ACTIVATIONS, FFI_TARGETS, SCALE_BLOCK
 from jax_cluster.primitives.activations import apply_epilogue
 from jax_cluster.primitives.operands import gemm_dims, ragged_out_shape
 from jax_cluster.primitives.registry import local_primitive
@@ -126,6 +126,43 @@ epilogue_local_p = local_primitive(
     abstract_eval=_epilogue_abstract_eval,
     xla_impl=xla_epilogue,
     cuda_lowering=_epilogue_cuda_lowering,
+)
+
+
+# --------------------------------------------------------------------------- block-scaled fp8
+
+
+def _scaled_abstract_eval(a, b, scale_a, scale_b, *, out_dtype, plan):
+    return jax.core.ShapedArray((a.shape[0], b.shape[0]), out_dtype)
+
+
+def block_scales(scales, rows: int, block: int):
+    """Per-block scales [blocks_k, blocks_rows] expanded to one per element
+    [rows, blocks_k * SCALE_BLOCK]: `block` rows share a scale."""
+    per_row = jnp.repeat(scales.T, block, axis=0)[:rows] if block > 1 else scales.T
+    return jnp.repeat(per_row, SCALE_BLOCK, axis=1)
+
+
+def xla_scaled_gemm(a, b, scale_a, scale_b, *, out_dtype, plan):
+    """The portable path: the dequantized operands' product in float32."""
+    a32 = a.astype(jnp.float32) * block_scales(scale_a, a.shape[0], 1)
+    b32 = b.astype(jnp.float32) * block_scales(scale_b, b.shape[0], SCALE_BLOCK)
+    out = lax.dot_general(a32, b32, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST)
+    return out.astype(out_dtype)
+
+
+def _scaled_cuda_lowering(ctx, a, b, scale_a, scale_b, *, out_dtype, plan: Plan):
+    if not _runs_kernel(plan):
+        fallback = functools.partial(xla_scaled_gemm, out_dtype=out_dtype, plan=plan)
+        return mlir.lower_fun(fallback, multiple_results=False)(ctx, a, b, scale_a, scale_b)
+    return lower_kernel_call(ctx, FFI_TARGETS["scaled_gemm"], plan, a, b, scale_a, scale_b)
+
+
+scaled_gemm_local_p = local_primitive(
+    "jax_cluster_scaled_gemm_local",
+    abstract_eval=_scaled_abstract_eval,
+    xla_impl=xla_scaled_gemm,
+    cuda_lowering=_scaled_cuda_lowering,
 )
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from jax_cluster.planning.tables import NUMPY_DTYPES
+from jax_cluster.planning.tables import BLOCK_SCALED_DTYPES, NUMPY_DTYPES
 
 # What the primitives take: the contract's dtypes (the kernels read the
-# input ones; f32 operands run on XLA inside the same primitive).
-SUPPORTED_DTYPES = tuple(jnp.dtype(name) for name in NUMPY_DTYPES.values())
+# input ones; f32 operands run on XLA inside the same primitive). fp8 comes
+# with block scales and goes to the block-scaled GEMM alone.
+SUPPORTED_DTYPES = tuple(jnp.dtype(n) for name, n in NUMPY_DTYPES.items() if name not in BLOCK_SCALED_DTYPES)
+SCALED_DTYPES = tuple(jnp.dtype(NUMPY_DTYPES[name]) for name in BLOCK_SCALED_DTYPES)
 # B's major in the other product of a transpose: [K,N] read as [N,K] and back.
 FLIP_B = {"k": "n", "n": "k"}
 

@@ -51,6 +51,8 @@ def local_primitive(name: str, *, abstract_eval, xla_impl, cuda_lowering) -> Pri
     """The one-device primitive of an op: `cuda_lowering` on CUDA, `xla_impl`
     (jnp code with the same parameters) everywhere else."""
     primitive = Primitive(name)
+    # outside jit (eager calls) a bind compiles the one call
+    primitive.def_impl(lambda *args, **params: jax.jit(functools.partial(primitive.bind, **params))(*args))
     primitive.def_abstract_eval(abstract_eval)
     mlir.register_lowering(primitive, mlir.lower_fun(xla_impl, multiple_results=False))
     mlir.register_lowering(primitive, cuda_lowering, platform="cuda")

@@ -32,15 +32,18 @@ from jax_cluster.planning.tables import ACTIVATIONS
 from jax_cluster.primitives.activations import apply_epilogue
 from jax_cluster.primitives.epilogue import gemm_epilogue
 from jax_cluster.primitives.gemm import gemm
-from jax_cluster.primitives.lowering import clamp_group_sizes
+from jax_cluster.primitives.lowering import clamp_group_sizes, xla_scaled_gemm
 from jax_cluster.primitives.ragged import ragged
+from jax_cluster.primitives.scaled_gemm import scaled_gemm
 from jax_cluster.tuning import accuracy
 from jax_cluster.tuning.accuracy import TOLERANCE
 
 # (M, N, K) with M odd, for A stored [M,K]; odd_shape() moves the odd size to
 # K when A is stored [K,M], since TMA needs 16-byte leading dimensions.
 ODD_SHAPES = [(7, 24, 8), (129, 136, 72), (333, 2056, 1000), (1000, 1016, 4104)]
-DTYPES = {"bf16": jnp.bfloat16, "f16": jnp.float16, "f32": jnp.float32}
+# Block-scaled rows need K in whole 128-blocks and M a multiple of 4; N stays odd-sized.
+SCALED_ODD_SHAPES = [(4, 24, 128), (132, 136, 256), (332, 2056, 1024), (1000, 1016, 4096)]
+DTYPES = {"bf16": jnp.bfloat16, "f16": jnp.float16, "f32": jnp.float32, "e4m3": jnp.float8_e4m3fn}
 
 
 def _boundary_shapes(v: tables.Variant, clusters: int, k: int = 512):
@@ -62,7 +65,8 @@ def dense_cases(v: tables.Variant, clusters: int, quick: bool):
     """(label, M, N, K): the boundary tile counts, then odd sizes unless quick."""
     cases = _boundary_shapes(v, clusters)
     if not quick:
-        odd = [odd_shape(v, *shape) for shape in ODD_SHAPES]
+        scaled = v.dtype in tables.BLOCK_SCALED_DTYPES
+        odd = [odd_shape(v, *shape) for shape in (SCALED_ODD_SHAPES if scaled else ODD_SHAPES)]
         cases += [(f"{m}x{n}x{k}", m, n, k) for m, n, k in odd]
     return cases
 
@@ -121,6 +125,35 @@ def _check_dense(v: tables.Variant, plans, key) -> list[tuple[float, float]]:
                 ref = apply_epilogue(ref, bias, c, alpha=0.5, beta=1.0, activation=act, out_dtype=jnp.float32)
             else:
                 out = gemm(a, b, a_major=v.a_major, b_major=v.b_major, out_dtype=out_dt, plan=plan)
+            found.append(accuracy.errors(out, ref))
+        return found
+
+    return [(float(r), float(w)) for r, w in jax.device_get(errors(key))]
+
+
+def scaled_operands(key, m: int, n: int, k: int, dtype):
+    """Random fp8 A [M,K], B [N,K] and float32 block scales in [0.5, 2) in the
+    kernel's layouts (K blocks first)."""
+    ka, kb, ksa, ksb = jax.random.split(key, 4)
+    a = jax.random.normal(ka, (m, k), jnp.float32).astype(dtype)
+    b = jax.random.normal(kb, (n, k), jnp.float32).astype(dtype)
+    blocks = k // tables.SCALE_BLOCK
+    scale_a = jax.random.uniform(ksa, (blocks, m), jnp.float32, 0.5, 2.0)
+    scale_b = jax.random.uniform(ksb, (blocks, -(-n // tables.SCALE_BLOCK)), jnp.float32, 0.5, 2.0)
+    return a, b, scale_a, scale_b
+
+
+def _check_scaled(v: tables.Variant, plans, key) -> list[tuple[float, float]]:
+    """Errors of every plan of a block-scaled variant against the float32
+    product of its dequantized operands, from one executable."""
+
+    @jax.jit
+    def errors(key):
+        found = []
+        for plan, sub in zip(plans, jax.random.split(key, len(plans))):
+            operands = lax.optimization_barrier(scaled_operands(sub, plan.m, plan.n, plan.k, DTYPES[v.dtype]))
+            ref = xla_scaled_gemm(*operands, out_dtype=jnp.float32, plan=plan)
+            out = scaled_gemm(*operands, out_dtype=DTYPES[v.out], plan=plan)
             found.append(accuracy.errors(out, ref))
         return found
 
@@ -214,7 +247,8 @@ def _variant_rows(v: tables.Variant, clusters: int, quick: bool, key):
     """[(schedule, label, (rel, max rel, error))] for one variant."""
     if v.problem == "dense":
         rows = [(s, label, mnk) for s in v.schedules for label, *mnk in dense_cases(v, clusters, quick)]
-        results = _run(lambda: _check_dense(v, [dense_plan(v, s, *mnk) for s, _, mnk in rows], key), len(rows))
+        check = _check_scaled if v.dtype in tables.BLOCK_SCALED_DTYPES else _check_dense
+        results = _run(lambda: check(v, [dense_plan(v, s, *mnk) for s, _, mnk in rows], key), len(rows))
         return [(s, label, result) for (s, label, _), result in zip(rows, results)]
     rows = []
     for label, *case in grouped_cases(v, clusters, quick):

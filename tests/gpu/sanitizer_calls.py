@@ -22,7 +22,8 @@ from jax_cluster.planning.device import describe
 from jax_cluster.primitives.epilogue import gemm_epilogue
 from jax_cluster.primitives.gemm import gemm
 from jax_cluster.primitives.ragged import ragged
-from jax_cluster.tools.selftest import DTYPES, dense_plan, grouped_plan, odd_shape
+from jax_cluster.primitives.scaled_gemm import scaled_gemm
+from jax_cluster.tools.selftest import DTYPES, dense_plan, grouped_plan, odd_shape, scaled_operands
 from jax_cluster.tuning.accuracy import TOLERANCE, relative_error
 
 
@@ -42,6 +43,23 @@ def _dense(v, schedule, key):
             lambda a, b: gemm(a, b, a_major=v.a_major, b_major=v.b_major, out_dtype=DTYPES[v.out], plan=plan)
         )(a, b)
     return float(relative_error(out, ref))
+
+
+def _scaled(v, schedule, key):
+    m, n, k = 132, v.tile_n + 8, 3 * tables.SCALE_BLOCK  # a ragged last row tile and column tile
+    plan = dense_plan(v, schedule, m, n, k)
+    operands = scaled_operands(key, m, n, k, DTYPES[v.dtype])
+    ref = _scaled_reference(*(np.asarray(x, np.float64) for x in operands))
+    out = jax.jit(lambda *xs: scaled_gemm(*xs, out_dtype=DTYPES[v.out], plan=plan))(*operands)
+    return float(relative_error(np.asarray(out.astype(jnp.float32)), ref))
+
+
+def _scaled_reference(a, b, scale_a, scale_b):
+    """The dequantized product on the host in float64 (no XLA kernel under the sanitizer)."""
+    block = tables.SCALE_BLOCK
+    a = a * np.repeat(scale_a.T, block, axis=1)
+    b = b * np.repeat(np.repeat(scale_b.T, block, axis=0)[: b.shape[0]], block, axis=1)
+    return a @ b.T
 
 
 def _grouped(v, key):
@@ -91,7 +109,12 @@ def main(argv) -> int:
             key, sub = jax.random.split(key)
             # the call's name first, so a crash inside it names the call
             print(f"{v.name} {schedule}: ", end="", flush=True)
-            err = _dense(v, schedule, sub) if v.problem == "dense" else _grouped(v, sub)
+            if v.problem != "dense":
+                err = _grouped(v, sub)
+            elif v.dtype in tables.BLOCK_SCALED_DTYPES:
+                err = _scaled(v, schedule, sub)
+            else:
+                err = _dense(v, schedule, sub)
             ok = err <= TOLERANCE[v.out]
             calls, failures = calls + 1, failures + (not ok)
             print(f"relative error {err:.2e} {'ok' if ok else 'FAIL'}", flush=True)

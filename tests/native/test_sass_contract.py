@@ -33,7 +33,10 @@ def required(v: tables.Variant) -> dict[str, str]:
     if v.problem != "dense":
         need[DESCRIPTOR_ACQUIRE] = "per-group TMA descriptor acquire (tensormap fence)"
     if v.arch == "sm90a":
-        need[r"\bHGMMA\."] = "wgmma (warpgroup MMA)"
+        if v.dtype in tables.BLOCK_SCALED_DTYPES:  # fp8 wgmma is QGMMA in SASS
+            need[rf"\bQGMMA\.[\w.]*{v.dtype.upper()}"] = f"fp8 wgmma ({v.dtype})"
+        else:
+            need[r"\bHGMMA\."] = "wgmma (warpgroup MMA)"
         if v.cluster_size > 1:
             need[r"\bUTMALDG\.[\w.]*MULTICAST"] = "multicast TMA load across the cluster"
         if "dynamic" in v.schedules:

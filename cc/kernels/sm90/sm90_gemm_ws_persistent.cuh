@@ -17,6 +17,8 @@
 //   (static, swizzled raster), split-K or stream-K as the Plan says;
 //   cooperative-dynamic kernels take tiles from a global work queue
 //   (sm90_dynamic_tile_scheduler.cuh); ping-pong kernels are static only.
+// Block-scaled rows: A [M,K] and B [N,K] in fp8 (both K-major, as fp8 wgmma
+//   needs), with GemmProblem's scale_a and scale_b; K a multiple of 128.
 #pragma once
 
 #include "kernels/cutlass_universal_gemm.cuh"
@@ -28,18 +30,32 @@ struct Cooperative {
   using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
   using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
   using Scheduler = cutlass::gemm::StreamKScheduler;
+  using Operands = PlainOperands;
 };
 
 struct CooperativeDynamic {
   using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
   using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
   using Scheduler = DynamicPersistentScheduler;
+  using Operands = PlainOperands;
+};
+
+// fp8 A and B with float32 block scales (DeepSeek-V3's recipe): CUTLASS's
+// blockwise-scaled cooperative mainloop, which scales each K block's wgmma
+// partial sums in registers before adding them to the fp32 accumulators, on
+// the work queue.
+struct CooperativeDynamicBlockwise {
+  using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise;
+  using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using Scheduler = DynamicPersistentScheduler;
+  using Operands = BlockScaledOperands;
 };
 
 struct Pingpong {
   using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
   using Epilogue = cutlass::epilogue::TmaWarpSpecialized;
   using Scheduler = cutlass::gemm::PersistentScheduler;
+  using Operands = PlainOperands;
 };
 
 template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
@@ -50,6 +66,6 @@ using GemmWsPersistent =
                          cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>,
                          cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>, Stages,
                          typename Kind::Mainloop, typename Kind::Epilogue, typename Kind::Scheduler,
-                         Epilogue, SwapAB>;
+                         Epilogue, SwapAB, typename Kind::Operands>;
 
 }  // namespace jax_cluster::sm90

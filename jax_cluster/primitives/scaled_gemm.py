@@ -1,0 +1,72 @@
+"""The block-scaled fp8 GEMM: D = (A x its scales) . (B x its scales)^T,
+DeepSeek-V3's blockwise recipe on CUTLASS's blockwise-scaled mainloop.
+
+  a        [M, K]  fp8 values, read K-major (fp8 wgmma reads no other layout)
+  b        [N, K]  fp8 values, K-major
+  scale_a  [K/128, M]           float32: A's 1 x 128 tiles along K
+  scale_b  [K/128, ceil(N/128)] float32: B's 128 x 128 blocks
+
+Both scale arrays run over K blocks first (the layout the mainloop reads);
+K is a multiple of 128. The kernel scales each K block's fp32 partial sums
+before adding them to the accumulators, and writes bfloat16. The op takes
+one device (a sharded call gathers its operands: there is no partitioning
+rule), has no vmap rule, and is not differentiable: the fp8 training recipe
+(ops/fp8_training.py) quantizes each product's operands itself.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from jax_cluster.planning.call import Call
+from jax_cluster.planning.plan import Plan, dtype_name
+from jax_cluster.planning.tables import OUTPUT_DTYPES, SCALE_BLOCK
+from jax_cluster.primitives import plans
+from jax_cluster.primitives.lowering import scaled_gemm_local_p
+from jax_cluster.primitives.operands import SCALED_DTYPES
+
+_WHO = "jax_cluster scaled_gemm"
+
+
+def _check(a, b, scale_a, scale_b, out_dtype) -> tuple[int, int, int]:
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"{_WHO}: a must be [M, K] and b [N, K], got shapes {a.shape} and {b.shape}")
+    (m, k), (n, kb) = a.shape, b.shape
+    if k != kb:
+        raise ValueError(f"{_WHO}: contracting dimensions differ: a {a.shape} has K={k}, b {b.shape} has K={kb}")
+    if k % SCALE_BLOCK:
+        raise ValueError(f"{_WHO}: K = {k} is not a multiple of the scale block {SCALE_BLOCK}")
+    for name, x in (("a", a), ("b", b)):
+        if jnp.dtype(x.dtype) not in SCALED_DTYPES:
+            formats = ", ".join(map(str, SCALED_DTYPES))
+            raise TypeError(f"{_WHO}: {name} must hold fp8 values ({formats}), got {x.dtype}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"{_WHO}: a and b hold different fp8 formats ({a.dtype} and {b.dtype})")
+    outputs = OUTPUT_DTYPES[dtype_name(a.dtype)]
+    if dtype_name(out_dtype) not in outputs:
+        raise TypeError(f"{_WHO}: the output must be one of {outputs}, got {np.dtype(out_dtype)}")
+    blocks = k // SCALE_BLOCK
+    for name, scale, want in (
+        ("scale_a", scale_a, (blocks, m)),
+        ("scale_b", scale_b, (blocks, -(-n // SCALE_BLOCK))),
+    ):
+        if scale.dtype != jnp.float32 or tuple(scale.shape) != want:
+            raise ValueError(
+                f"{_WHO}: {name} must be float32 {list(want)} (K blocks first), got {scale.dtype} {list(scale.shape)}"
+            )
+    return m, n, k
+
+
+def scaled_gemm_call(m: int, n: int, k: int, dtype, out_dtype) -> Call:
+    """The Call of a block-scaled GEMM (A and B K-major)."""
+    return Call("dense", m, n, k, 1, "k", "k", dtype_name(dtype), dtype_name(out_dtype))
+
+
+def scaled_gemm(a, b, scale_a, scale_b, *, out_dtype=jnp.bfloat16, plan: Plan | None = None, device=None):
+    """Binds the block-scaled GEMM with `plan`, or with a fresh plan (the
+    planner's kernel row, or the float32 fallback with the same semantics)."""
+    m, n, k = _check(a, b, scale_a, scale_b, out_dtype)
+    out_dtype = np.dtype(out_dtype)
+    plan = plans.choose(scaled_gemm_call(m, n, k, a.dtype, out_dtype), plan, device, _WHO)
+    return scaled_gemm_local_p.bind(a, b, scale_a, scale_b, out_dtype=out_dtype, plan=plan)
