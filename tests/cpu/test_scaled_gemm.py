@@ -45,7 +45,7 @@ def test_bad_operands_are_refused_at_trace_time():
         ((a[:, :200], b[:, :200], sa, sb), ValueError, "multiple of the scale block"),
         ((a, b[:, :128], sa, sb), ValueError, "contracting dimensions differ"),
         ((a.astype(jnp.bfloat16), b, sa, sb), TypeError, "must hold fp8 values"),
-        ((a, b.astype(jnp.float8_e5m2), sa, sb), TypeError, "different fp8 formats"),
+        ((a, b.astype(jnp.float8_e5m2), sa, sb), TypeError, r"b must hold fp8 values \(float8_e4m3fn\)"),
         ((a, b, sa.T, sb), ValueError, r"scale_a must be float32 \[2, 8\]"),
         ((a, b, sa, sb.astype(jnp.bfloat16)), ValueError, "scale_b must be float32"),
         ((a[None], b, sa, sb), ValueError, r"a must be \[M, K\]"),
