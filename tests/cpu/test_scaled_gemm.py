@@ -17,6 +17,7 @@ from jax_cluster.tools.selftest import scaled_operands
 
 E4M3 = jnp.float8_e4m3fn
 H200 = DeviceInfo("cuda", "described H200", (9, 0), 132, 232448, 50 << 20)
+TILE = (128, 128, 128)  # the block-scaled rows' tile
 
 
 def _dequantized_product(a, b, scale_a, scale_b):
@@ -68,14 +69,16 @@ def _plan(m, n, k, out_dtype=jnp.bfloat16, **kw):
 
 
 @pytest.mark.skipif(_compiled_scaled_row() is None, reason="the extension has no compiled block-scaled row")
-def test_hopper_plans_take_the_block_scaled_row_and_never_route_to_xla():
+def test_hopper_plans_take_the_block_scaled_row_only_when_pinned_and_never_route_to_xla():
     for m, n, k in ((4096, 4096, 4096), (8, 7168, 2048), (65536, 2048, 7168), (2048, 2048, 2048)):
-        p = _plan(m, n, k)
+        unpinned = _plan(m, n, k)  # no GPU has run the rows yet
+        assert unpinned.path == "xla" and "only a plan that pins one" in unpinned.reason
+        p = _plan(m, n, k, tile=TILE)
         assert p.path == "kernel" and p.variant == _compiled_scaled_row(), (m, n, k, p.reason)
-        assert p.schedule == "dynamic" and p.dtype == "e4m3" and p.out_dtype == "bf16"
-        wide = _plan(m, n, k, out_dtype=jnp.float32)  # the weight gradient's fp32 output
+        assert p.schedule == "static" and p.dtype == "e4m3" and p.out_dtype == "bf16"
+        wide = _plan(m, n, k, out_dtype=jnp.float32, tile=TILE)  # the weight gradient's fp32 output
         assert wide.path == "kernel" and wide.out_dtype == "f32" and wide.variant != p.variant
-    assert "e4m3" in _plan(4096, 4096, 4096).explain()
+    assert "e4m3" in _plan(4096, 4096, 4096, tile=TILE).explain()
 
 
 @pytest.mark.parametrize(
@@ -91,7 +94,7 @@ def test_hopper_plans_take_the_block_scaled_row_and_never_route_to_xla():
 def test_calls_the_kernel_cannot_take_are_explained(shape, kw, why):
     if not _ffi.with_kernels():
         pytest.skip(_ffi.why_no_kernels())
-    args = dict(dtype=E4M3, out_dtype=jnp.bfloat16, a_major="k", b_major="k", device=H200)
+    args = dict(dtype=E4M3, out_dtype=jnp.bfloat16, a_major="k", b_major="k", device=H200, tile=TILE)
     args.update(kw)
     p = plan_gemm(*shape, **args)
     assert p.path == "xla" and why in p.reason

@@ -42,12 +42,15 @@ struct CooperativeDynamic {
 
 // fp8 A and B with float32 block scales (DeepSeek-V3's recipe): CUTLASS's
 // blockwise-scaled cooperative mainloop, which scales each K block's wgmma
-// partial sums in registers before adding them to the fp32 accumulators, on
-// the work queue.
-struct CooperativeDynamicBlockwise {
+// partial sums in registers before adding them to the fp32 accumulators.
+// Static persistent schedule: the mainloop loads B's scales from a fourth
+// producer warp, whose tile loop in CUTLASS's kernel neither advances a
+// dynamic scheduler's pipeline state nor counts among its consumers, so the
+// work queue would hand that warp stale tiles.
+struct CooperativeBlockwise {
   using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise;
   using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
-  using Scheduler = DynamicPersistentScheduler;
+  using Scheduler = cutlass::gemm::PersistentScheduler;
   using Operands = BlockScaledOperands;
 };
 
