@@ -108,3 +108,26 @@ def test_quantized_matmul_on_the_cpu_keeps_the_dequantized_path():
     ref = jax_cluster.dequantize(qx) @ jax_cluster.dequantize(qw)
     assert out.dtype == jnp.bfloat16
     assert np.linalg.norm(np.asarray(out, np.float64) - np.asarray(ref)) / np.linalg.norm(np.asarray(ref)) < 1e-2
+
+
+@pytest.mark.skipif(_compiled_scaled_row() is None, reason="the extension has no compiled block-scaled row")
+@pytest.mark.parametrize("weight_layout", ["kn", "nk"])
+def test_a_pinned_kernel_plan_lays_out_the_operands_and_scales_the_kernel_way(weight_layout):
+    """The op's transposes of values and scales, checked through the primitive's
+    fallback (which a kernel plan lowers to off CUDA) against the dequantized product."""
+    from jax_cluster.ops.fp8_dense import scaled_product
+
+    m, n, k = 132, 384, 512
+    x = jax.random.normal(jax.random.key(3), (2, m // 2, k), jnp.float32)  # leading axes fold into M
+    w = jax.random.normal(jax.random.key(4), (k, n) if weight_layout == "kn" else (n, k), jnp.float32)
+    qx, qw = jax_cluster.quantize(x), jax_cluster.quantize(w, block=(128, 128))
+    plan = _plan(m, n, k, tile=TILE)
+    assert plan.path == "kernel"
+    out = jax.jit(lambda a, b: scaled_product(a, b, 0 if weight_layout == "kn" else 1, jnp.bfloat16, plan))(qx, qw)
+    values = np.asarray(jax_cluster.dequantize(qw), np.float64)
+    ref = np.asarray(jax_cluster.dequantize(qx), np.float64) @ (values if weight_layout == "kn" else values.T)
+    assert out.shape == (2, m // 2, n) and out.dtype == jnp.bfloat16
+    assert np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref) < 5e-3
+    if weight_layout == "kn":  # matmul takes the same plan
+        via_matmul = jax.jit(lambda a, b: jax_cluster.matmul(a, b, plan=plan))(qx, qw)
+        np.testing.assert_array_equal(np.asarray(via_matmul), np.asarray(out))
