@@ -105,11 +105,16 @@ def ragged_dot(
         )
     blocks = group_sizes.shape[0] if group_sizes.ndim == 2 else 1
     rows = lhs.shape[0] // blocks if blocks else 0
-    # Sizes past the rows change no group's span (each is cut at the rows), so
-    # any integer dtype narrows to int32 without wrapping; the bound itself must
-    # fit the sizes' dtype (1000 as an int8 would wrap).
-    top = min(rows, int(jnp.iinfo(group_sizes.dtype).max))
-    sizes = jnp.clip(group_sizes, 0, top).astype(jnp.int32)
+    if group_sizes.dtype == jnp.int32 and group_offset is None:
+        # the kernels and both XLA paths clamp int32 sizes themselves; a clip
+        # here would be one more XLA kernel per call (2 us at decode sizes)
+        sizes = group_sizes
+    else:
+        # Sizes past the rows change no group's span (each is cut at the rows), so
+        # any integer dtype narrows to int32 without wrapping; the bound itself must
+        # fit the sizes' dtype (1000 as an int8 would wrap).
+        top = min(rows, int(jnp.iinfo(group_sizes.dtype).max))
+        sizes = jnp.clip(group_sizes, 0, top).astype(jnp.int32)
     first_row = None
     if group_offset is not None:
         sizes, first_row = _local_groups(sizes, group_offset, rhs.shape[0], rows)
