@@ -69,6 +69,8 @@ DECODE_TILE_N_MAX = 64
 # dense bf16/f16 tensor-core FLOP/s per SM (H100/H200 SXM: ~989 TFLOP/s on 132
 # SMs; B200: ~2250 TFLOP/s on 148 SMs)
 FLOPS_PER_SM = {"sm90a": 989e12 / 132, "sm100a": 2250e12 / 148}
+# fp8 tensor cores run twice bf16's rate on both archs
+PEAK_SCALE_BY_DTYPE = {"e4m3": 2.0}
 # HBM bytes/s by the device name CUDA reports; the arch default is the
 # smallest of its family, so "memory-bound" is never claimed too late.
 BANDWIDTH_BY_NAME = {"H200": 4.8e12, "H100": 3.35e12, "B200": 8.0e12, "GB200": 8.0e12}
@@ -89,13 +91,14 @@ def intensity(m: int, n: int, k: int, batch: int, in_bytes: int, out_bytes: int)
     return 2 * batch * m * n * k / moved if moved else 0.0
 
 
-def ridge(device) -> tuple[float, float, float] | None:
-    """(FLOP/byte, peak FLOP/s, bandwidth bytes/s) of the device, modelled;
-    None for a device without a kernel family or an SM count."""
+def ridge(device, dtype: str | None = None) -> tuple[float, float, float] | None:
+    """(FLOP/byte, peak FLOP/s, bandwidth bytes/s) of the device for inputs
+    of `dtype` (bf16's rate when None), modelled; None for a device without
+    a kernel family or an SM count."""
     arch = device.arch
     if arch is None or not device.sm_count:
         return None
-    peak = FLOPS_PER_SM[arch] * device.sm_count
+    peak = FLOPS_PER_SM[arch] * device.sm_count * (PEAK_SCALE_BY_DTYPE.get(dtype, 1.0) if dtype else 1.0)
     name = (device.name or "").upper()
     bandwidth = next((bw for key, bw in BANDWIDTH_BY_NAME.items() if key in name.split()), BANDWIDTH_BY_ARCH[arch])
     return peak / bandwidth, peak, bandwidth
@@ -183,7 +186,7 @@ def grouped_bytes(m, n, k, groups, dtype, out) -> int:
 
 def grouped_memory_bound(m, n, k, groups, dtype, out, device) -> bool:
     """Whether streaming the weights takes longer than the MMAs at peak."""
-    edge = ridge(device)
+    edge = ridge(device, dtype)
     moved = grouped_bytes(m, n, k, groups, dtype, out)
     return edge is not None and moved > 0 and 2 * m * n * k / moved < edge[0]
 
@@ -193,7 +196,7 @@ def grouped_memory_time(v: tables.Variant, m, n, k, groups, clusters, dtype, out
     point): the whole stream at the device's bandwidth, or, when slower, the
     waves of tiles each busy CTA streams at its own pull rate
     (cta_pull_rate), whichever is longer."""
-    edge = ridge(device)
+    edge = ridge(device, dtype)
     tiles = grouped_tiles(v, m, n, groups)
     if edge is None or k == 0 or tiles == 0:
         return 0.0
@@ -220,9 +223,9 @@ def _problem_bytes(m, n, k, batch, dtype, out) -> int:
     return bytes_moved(m, n, k, batch, tables.DTYPE_BYTES[dtype], tables.DTYPE_BYTES[out])
 
 
-def hbm_tile_units(moved: int, k: int, device) -> float:
+def hbm_tile_units(moved: int, k: int, device, dtype: str | None = None) -> float:
     """The HBM time of `moved` bytes in tile-units (0 without a modelled ridge point or K)."""
-    edge = ridge(device)
+    edge = ridge(device, dtype)
     if edge is None or k == 0:
         return 0.0
     _, peak, bandwidth = edge
@@ -237,7 +240,7 @@ def streaming_stretch(busy: float, device) -> float:
 def memory_floor(m, n, k, batch, dtype, out, device) -> float:
     """The HBM time of `bytes_moved`, in tile-units (0 without a modelled
     ridge point): no schedule beats it."""
-    return hbm_tile_units(_problem_bytes(m, n, k, batch, dtype, out), k, device)
+    return hbm_tile_units(_problem_bytes(m, n, k, batch, dtype, out), k, device, dtype)
 
 
 def memory_time(v: tables.Variant, m, n, k, batch, clusters, schedule, swizzle, splits, floor, device):

@@ -59,8 +59,14 @@ def _efficiency(p) -> str:
     )
 
 
+def _fallback(p) -> str:
+    if p.dtype in tables.BLOCK_SCALED_DTYPES:
+        return "the ops' bf16 path on the dequantized operands"
+    return "XLA's ragged_dot" if p.problem != "dense" else "XLA's dot"
+
+
 def _roofline(p) -> str:
-    edge = cost_model.ridge(p.device)
+    edge = cost_model.ridge(p.device, p.dtype)
     if edge is None or p.problem not in ("dense", "ragged_m"):
         return ""
     if p.problem == "dense":
@@ -224,7 +230,8 @@ def _validation(p) -> list[str]:
     return [
         f"boundary tile counts: {max(1, c - 1)}, {c}, {c + 1} clusters of work",
         *prediction,
-        f"fallback: XLA's dot if the variant cannot run ({p.variant} missing, misaligned operands or another device)",
+        f"fallback: {_fallback(p)} if the variant cannot run ({p.variant} missing, misaligned operands or "
+        "another device)",
     ]
 
 
