@@ -78,7 +78,9 @@ def test_hopper_plans_take_the_block_scaled_row_only_when_pinned_and_never_route
         assert p.schedule == "static" and p.dtype == "e4m3" and p.out_dtype == "bf16"
         wide = _plan(m, n, k, out_dtype=jnp.float32, tile=TILE)  # the weight gradient's fp32 output
         assert wide.path == "kernel" and wide.out_dtype == "f32" and wide.variant != p.variant
-    assert "e4m3" in _plan(4096, 4096, 4096, tile=TILE).explain()
+    text = _plan(4096, 4096, 4096, tile=TILE).explain()
+    assert "e4m3" in text and "1978 TFLOP/s" in text  # fp8 tensor cores: twice bf16's 989
+    assert "fallback: the ops' bf16 path on the dequantized operands" in text
 
 
 @pytest.mark.parametrize(
