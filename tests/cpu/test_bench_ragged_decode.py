@@ -38,3 +38,18 @@ def test_a_smoke_run_records_the_roofline_and_every_contender(bench, tmp_path):
         assert row["roofline_ms"] > 0 and row["jc_ms"] > 0 and row["jc_share_of_roofline"] > 0
         for name in ("jc_narrow", "tokamax", "xla"):
             assert row[f"{name}_ms"] or row[f"{name}_error"]
+
+
+def test_resume_keeps_the_other_cases_and_layers_filters(bench, tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    bench.main(["--smoke", "--rows", "8", "--iterations", "1", "--out", str(first)])
+    earlier = json.loads((first / "ragged_decode.json").read_text())
+    bench.main(
+        ["--smoke", "--rows", "8", "--iterations", "1", "--layers", "down", "--out", str(second)]
+        + ["--resume", str(first / "ragged_decode.json")]
+    )
+    payload = json.loads((second / "ragged_decode.json").read_text())
+    assert [r["config"] for r in payload["rows"]] == [r["config"] for r in earlier["rows"]]
+    gate = next(r for r in payload["rows"] if r["config"] == "smoke gate")
+    assert gate == next(r for r in earlier["rows"] if r["config"] == "smoke gate")  # kept as it was
+    assert all(r["commit"] for r in payload["rows"]) and "jc_tile_n" in payload["rows"][1]
