@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import pathlib
 import sys
 
@@ -118,11 +117,6 @@ def load_torch():
     return torch, why
 
 
-def geomean(values):
-    values = [v for v in values if v]
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
-
-
 def plot(payload, path):
     rows = [r for r in payload["rows"] if r.get("jc_ms") and r.get("torch_ms")]
     common.plot_pairs(
@@ -180,8 +174,8 @@ def main(argv=None):
             "commit": common.run_record()["commit"],
             "timing": "CUPTI kernel time (JAX); CUDA events around back-to-back calls (torch)",
             "summary": {
-                "geomean_jc_vs_torch": geomean(r.get("jc_vs_torch") for r in rows),
-                "geomean_jc_vs_bf16": geomean(r.get("jc_vs_bf16") for r in rows),
+                "geomean_jc_vs_torch": bench_ragged.geomean(r.get("jc_vs_torch") for r in rows),
+                "geomean_jc_vs_bf16": bench_ragged.geomean(r.get("jc_vs_bf16") for r in rows),
                 "max_rel_err_vs_dequantized_f32": max(
                     (r.get("rel_err_vs_dequantized_f32", 0) for r in rows), default=None
                 ),

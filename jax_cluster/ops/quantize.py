@@ -20,8 +20,12 @@ import sys
 
 import jax.numpy as jnp
 
+from jax_cluster.planning.tables import SCALE_BLOCK
+
 FP8_DTYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
-BLOCKS = ((1, 128), (128, 128))
+# activations' tiles and weights' blocks: the kernels' scale block (tables.SCALE_BLOCK)
+ACTIVATION_BLOCK, WEIGHT_BLOCK = (1, SCALE_BLOCK), (SCALE_BLOCK, SCALE_BLOCK)
+BLOCKS = (ACTIVATION_BLOCK, WEIGHT_BLOCK)
 _WHO = "jax_cluster.quantize"
 
 
@@ -41,7 +45,7 @@ def is_quantized(x) -> bool:
     return isinstance(x, _qwix().QArray)
 
 
-def quantize(x, *, block=(1, 128), dtype=jnp.float8_e4m3fn):
+def quantize(x, *, block=ACTIVATION_BLOCK, dtype=jnp.float8_e4m3fn):
     """x [..., R, C] -> a qwix QArray with float32 scales, one per block of
     the last two axes (see the module docstring); leading axes are scaled
     apart. R must be a multiple of block[0] and C of block[1]."""
@@ -116,8 +120,8 @@ def quantized_operands(who: str, lhs, rhs):
             f"{who}: quantize both operands (jax_cluster.quantize: activations in (1, 128) blocks, "
             "weights in (128, 128)) or neither"
         )
-    check_operand(who, "lhs", lhs, (1, 128))
-    check_operand(who, "rhs", rhs, (128, 128))
+    check_operand(who, "lhs", lhs, ACTIVATION_BLOCK)
+    check_operand(who, "rhs", rhs, WEIGHT_BLOCK)
     return lhs, rhs
 
 
