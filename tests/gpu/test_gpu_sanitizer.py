@@ -2,13 +2,17 @@
 (sanitizer_calls.py): memcheck and racecheck report nothing. Each buffer is
 its own allocation (XLA_PYTHON_CLIENT_ALLOCATOR=platform), so an access past
 one is seen rather than landing inside XLA's pool. JAX_CLUSTER_SANITIZE_VARIANTS,
-a regex, limits the calls to the variants it matches (none matching fails)."""
+a regex, limits the calls to the variants it matches (none matching fails).
+The tool's output streams to JAX_CLUSTER_SANITIZE_LOGS/sanitizer_<tool>.log
+(a temporary folder by default), so a run cut off by a time limit still
+shows how far it got."""
 
 import os
 import pathlib
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -23,24 +27,23 @@ CALLS = pathlib.Path(__file__).with_name("sanitizer_calls.py")
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 def test_every_kernel_is_clean_under_compute_sanitizer(tool):
     env = dict(os.environ, XLA_PYTHON_CLIENT_ALLOCATOR="platform", XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    run = subprocess.run(
-        [
-            SANITIZER,
-            "--tool",
-            tool,
-            "--error-exitcode",
-            "3",
-            sys.executable,
-            str(CALLS),
-            os.environ.get("JAX_CLUSTER_SANITIZE_VARIANTS", ""),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=1800,
-    )
-    log = run.stdout[-4000:] + run.stderr[-4000:]
-    assert run.returncode == 0, log
-    assert "calls: " in run.stdout and ", failures: 0" in run.stdout, log
-    print(run.stdout.strip().splitlines()[-1])  # "calls: N, failures: 0", for the log
-    assert "ERROR SUMMARY: 0 errors" in run.stdout + run.stderr, log
+    logs = pathlib.Path(os.environ.get("JAX_CLUSTER_SANITIZE_LOGS") or tempfile.mkdtemp())
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"sanitizer_{tool}.log"
+    command = [SANITIZER, "--tool", tool, "--error-exitcode", "3", sys.executable, str(CALLS)]
+    with log_path.open("w") as log_file:
+        run = subprocess.run(
+            [*command, os.environ.get("JAX_CLUSTER_SANITIZE_VARIANTS", "")],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            timeout=1800,
+        )
+    output = log_path.read_text()
+    tail = output[-8000:]
+    assert run.returncode == 0, tail
+    summary = [line for line in output.splitlines() if line.startswith("calls: ")]
+    assert summary and summary[-1].endswith(", failures: 0"), tail
+    print(summary[-1])  # "calls: N, failures: 0", for the log
+    assert "ERROR SUMMARY: 0 errors" in output, tail
