@@ -40,7 +40,7 @@ from jax_cluster.tools.selftest import scaled_operands  # noqa: E402
 from jax_cluster.tuning import timing  # noqa: E402
 
 E4M3 = jnp.float8_e4m3fn
-TILE = (128, 128, 128)  # the block-scaled rows' tile
+REL_ERR_BOUND = 1e-2  # against the dequantized float32 product, bf16 out
 # (model, M tokens, N, K): forward products of real layers at training token counts
 SHAPES = [
     ("square", 4096, 4096, 4096),
@@ -69,12 +69,19 @@ def check(m, n, k, plan) -> float:
     return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
 
 
+def kernel_operands(m, n, k):
+    sets = timing.rotation((m * k + n * k) + 2 * m * n)
+    return [scaled_operands(key, m, n, k, E4M3) for key in jax.random.split(jax.random.key(7), sets)]
+
+
+def time_kernel(plan, kernel_args, iterations) -> float:
+    return timing.cupti_ms(lambda *xs: scaled_gemm(*xs, plan=plan), kernel_args, iterations)
+
+
 def time_jc(m, n, k, plan, iterations) -> tuple[float, float]:
     """(kernel ms on [N,K] weights, matmul-op ms on [K,N] QArrays)."""
-    sets = timing.rotation((m * k + n * k) + 2 * m * n)
-    keys = jax.random.split(jax.random.key(7), sets)
-    kernel_args = [scaled_operands(key, m, n, k, E4M3) for key in keys]
-    kernel_ms = timing.cupti_ms(lambda *xs: scaled_gemm(*xs, plan=plan), kernel_args, iterations)
+    kernel_args = kernel_operands(m, n, k)
+    kernel_ms = time_kernel(plan, kernel_args, iterations)
     op_args = []
     for a, b, sa, sb in kernel_args:  # the same values as QArrays of x [M,K] and w [K,N]
         qx = jax_cluster.quantize(jnp.zeros((m, k), jnp.float32))
@@ -82,6 +89,21 @@ def time_jc(m, n, k, plan, iterations) -> tuple[float, float]:
         op_args.append((qx.replace(qvalue=a, scale=sa.T), qw.replace(qvalue=b.T, scale=sb)))
     op_ms = timing.cupti_ms(lambda qx, qw: jax_cluster.matmul(qx, qw, plan=plan), op_args, iterations)
     return kernel_ms, op_ms
+
+
+def time_pinned(m, n, k, variants, iterations) -> dict:
+    """Kernel ms of each named row, pinned; a row that cannot run this shape gets its reason."""
+    kernel_args = kernel_operands(m, n, k)
+    out = {}
+    for name in variants:
+        plan = jax_cluster.plan(m, n, k, dtype=E4M3, out_dtype=jnp.bfloat16, b_major="k", variant=name)
+        if plan.path != "kernel":
+            out[name] = plan.reason
+        elif check(m, n, k, plan) > REL_ERR_BOUND:
+            out[name] = "wrong result"
+        else:
+            out[name] = time_kernel(plan, kernel_args, iterations)
+    return out
 
 
 def time_bf16(m, n, k, iterations) -> float:
@@ -137,21 +159,28 @@ def main(argv=None):
     common.add_out_argument(parser)
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--list", action="store_true", help="print the shapes and exit")
+    parser.add_argument(
+        "--variants",
+        default="",
+        help="comma-separated block-scaled menu rows to time as well, each pinned (rows[].pinned_ms)",
+    )
     args = parser.parse_args(argv)
     if args.list:
         for model, m, n, k in SHAPES:
             print(f"{model:<28} M={m:<6} N={n:<6} K={k}")
         return
     torch, why_no_torch = load_torch()
+    extra = [name for name in args.variants.split(",") if name]
     rows = []
     for model, m, n, k in SHAPES:
         row = {"model": model, "m": m, "n": n, "k": k}
-        # pinned: the planner takes the block-scaled rows only when pinned until a GPU has run them
-        plan = jax_cluster.plan(m, n, k, dtype=E4M3, out_dtype=jnp.bfloat16, b_major="k", tile=TILE)
-        row["path"] = plan.path
+        plan = jax_cluster.plan(m, n, k, dtype=E4M3, out_dtype=jnp.bfloat16, b_major="k")
+        row["path"], row["variant"] = plan.path, plan.variant
         if plan.path == "kernel":
             row["rel_err_vs_dequantized_f32"] = check(m, n, k, plan)
             row["jc_ms"], row["jc_op_ms"] = time_jc(m, n, k, plan, args.iterations)
+            if extra:
+                row["pinned_ms"] = time_pinned(m, n, k, extra, args.iterations)
         else:
             row["jc_ms"] = row["jc_op_ms"] = None
             row["jc_error"] = plan.reason

@@ -55,14 +55,6 @@ def _schedules(v: tables.Variant, k: int, memory_bound: bool, overrides: dict):
     return out
 
 
-# The block-scaled rows compile and pass their SASS contract, but no GPU has
-# run them yet: a plan takes them only when pinned; the ops dequantize otherwise.
-UNVALIDATED_SCALED_ROWS = (
-    "the block-scaled fp8 rows have not run on a GPU yet, so only a plan that pins one (variant= or tile=) "
-    "takes them; the op dequantizes to bf16 instead"
-)
-
-
 def plan_gemm(
     m: int,
     n: int,
@@ -102,8 +94,6 @@ def plan_gemm(
     rows, why = menu_rows(dev, call, overrides, "plan()")
     if why:
         return xla_plan(base, why)
-    if call.dtype in tables.BLOCK_SCALED_DTYPES and not {"variant", "tile"} & set(overrides):
-        return xla_plan(base, UNVALIDATED_SCALED_ROWS)
     notes = []
     if not overrides.get("allow_nonportable_cluster", False):
         notes = [

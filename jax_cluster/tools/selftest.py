@@ -36,7 +36,7 @@ from jax_cluster.primitives.lowering import clamp_group_sizes, xla_scaled_gemm
 from jax_cluster.primitives.ragged import ragged
 from jax_cluster.primitives.scaled_gemm import scaled_gemm
 from jax_cluster.tuning import accuracy
-from jax_cluster.tuning.accuracy import TOLERANCE
+from jax_cluster.tuning.accuracy import tolerance
 
 # (M, N, K) with M odd, for A stored [M,K]; odd_shape() moves the odd size to
 # K when A is stored [K,M], since TMA needs 16-byte leading dimensions.
@@ -300,7 +300,7 @@ def main(argv=None) -> int:
                 failures += 1
                 continue
             for schedule, label, (rel, worst, error) in job.result():
-                ok = not error and rel < TOLERANCE[v.out]
+                ok = not error and rel < tolerance(v.out, v.dtype)
                 failures += not ok
                 label = f"{label} ({error})"[:120] if error else label
                 print(

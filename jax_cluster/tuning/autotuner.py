@@ -27,7 +27,7 @@ from jax_cluster.planning.dense import plan_gemm
 from jax_cluster.planning.device import DeviceInfo, describe
 from jax_cluster.primitives.gemm import gemm
 from jax_cluster.tuning import timing
-from jax_cluster.tuning.accuracy import TOLERANCE, reference, relative_error
+from jax_cluster.tuning.accuracy import reference, relative_error, tolerance
 from jax_cluster.tuning.progress import progress_bar
 from jax_cluster.version import VERSION
 
@@ -210,10 +210,9 @@ def _time_candidate(pinned, mnk, plan_args, operands, ref, timer, warmup, iters)
             gemm, a_major=plan.a_major, b_major=plan.b_major, out_dtype=np.dtype(plan_args["out_dtype"]), plan=plan
         )
         err = float(relative_error(jax.jit(fn)(*operands[0]), ref))
-        if not err <= TOLERANCE[plan.out_dtype]:
-            return Timing(
-                pinned, None, f"wrong result: relative error {err:.1e} exceeds {TOLERANCE[plan.out_dtype]:.0e}"
-            )
+        bound = tolerance(plan.out_dtype, plan.dtype)
+        if not err <= bound:
+            return Timing(pinned, None, f"wrong result: relative error {err:.1e} exceeds {bound:.0e}")
         measure = timing.cupti_ms if timer == "cupti" else timing.wall_ms
         return Timing(pinned, measure(fn, operands, iters, warmup=warmup))
     except Exception as exc:  # one broken candidate must not end the run

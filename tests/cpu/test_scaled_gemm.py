@@ -69,12 +69,11 @@ def _plan(m, n, k, out_dtype=jnp.bfloat16, **kw):
 
 
 @pytest.mark.skipif(_compiled_scaled_row() is None, reason="the extension has no compiled block-scaled row")
-def test_hopper_plans_take_the_block_scaled_row_only_when_pinned_and_never_route_to_xla():
+def test_hopper_plans_take_the_block_scaled_row_and_never_route_to_xla():
     for m, n, k in ((4096, 4096, 4096), (8, 7168, 2048), (65536, 2048, 7168), (2048, 2048, 2048)):
-        unpinned = _plan(m, n, k)  # no GPU has run the rows yet
-        assert unpinned.path == "xla" and "only a plan that pins one" in unpinned.reason
-        p = _plan(m, n, k, tile=TILE)
-        assert p.path == "kernel" and p.variant == _compiled_scaled_row(), (m, n, k, p.reason)
+        p = _plan(m, n, k)
+        assert p.path == "kernel" and "blockwise" in p.variant, (m, n, k, p.reason)
+        assert _plan(m, n, k, variant=_compiled_scaled_row()).variant == _compiled_scaled_row()
         assert p.schedule == "static" and p.dtype == "e4m3" and p.out_dtype == "bf16"
         wide = _plan(m, n, k, out_dtype=jnp.float32, tile=TILE)  # the weight gradient's fp32 output
         assert wide.path == "kernel" and wide.out_dtype == "f32" and wide.variant != p.variant

@@ -24,7 +24,7 @@ from jax_cluster.primitives.gemm import gemm
 from jax_cluster.primitives.ragged import ragged
 from jax_cluster.primitives.scaled_gemm import scaled_gemm
 from jax_cluster.tools.selftest import DTYPES, dense_plan, grouped_plan, odd_shape, scaled_operands
-from jax_cluster.tuning.accuracy import TOLERANCE, relative_error
+from jax_cluster.tuning.accuracy import relative_error, tolerance
 
 
 def _dense(v, schedule, key):
@@ -115,7 +115,7 @@ def main(argv) -> int:
                 err = _scaled(v, schedule, sub)
             else:
                 err = _dense(v, schedule, sub)
-            ok = err <= TOLERANCE[v.out]
+            ok = err <= tolerance(v.out, v.dtype)
             calls, failures = calls + 1, failures + (not ok)
             print(f"relative error {err:.2e} {'ok' if ok else 'FAIL'}", flush=True)
     print(f"calls: {calls}, failures: {failures}")

@@ -1,5 +1,4 @@
-"""The block-scaled fp8 kernel on a Hopper GPU, through pinned plans (the
-planner takes its rows only when pinned until a GPU has run them): matmul
+"""The block-scaled fp8 kernel on a Hopper GPU, through the planner's plans: matmul
 of quantized operands and the in-place [N, K] product against the float32
 product of their dequantized values (tight) and against the bf16 product of
 the unquantized inputs (the quantization's own error, stated), with
@@ -25,7 +24,7 @@ def _rel(out, ref):
 
 
 def _kernel_plan(m, n, k):
-    p = jax_cluster.plan(m, n, k, dtype=E4M3, out_dtype=jnp.bfloat16, b_major="k", tile=(128, 128, 128))
+    p = jax_cluster.plan(m, n, k, dtype=E4M3, out_dtype=jnp.bfloat16, b_major="k")
     if p.path != "kernel":
         pytest.skip(f"no block-scaled kernel here: {p.reason}")
     return p

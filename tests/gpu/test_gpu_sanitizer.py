@@ -27,6 +27,7 @@ CALLS = pathlib.Path(__file__).with_name("sanitizer_calls.py")
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 def test_every_kernel_is_clean_under_compute_sanitizer(tool):
     env = dict(os.environ, XLA_PYTHON_CLIENT_ALLOCATOR="platform", XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    env["PYTHONFAULTHANDLER"] = "1"  # a crash under the tool leaves the Python stack in the log
     logs = pathlib.Path(os.environ.get("JAX_CLUSTER_SANITIZE_LOGS") or tempfile.mkdtemp())
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"sanitizer_{tool}.log"
