@@ -2,7 +2,7 @@
 // that fills it, shared by the sm90 and sm100 grouped kernels.
 //
 // Layout (each part 128-byte aligned): the per-group arrays of
-// ragged_groups.cuh, the covered-row count, tile_start (only for schedulers
+// ragged_groups.cuh, tile_start (only for schedulers
 // that map linear tile ids to groups), then CUTLASS's own workspace.
 #pragma once
 
@@ -30,7 +30,7 @@ struct RaggedWorkspace {
 
   // Byte offsets; tile_start has no bytes unless asked for.
   struct Layout {
-    size_t shapes, a, b, d, stride_a, stride_b, stride_d, covered, tile_start, cutlass, total;
+    size_t shapes, a, b, d, stride_a, stride_b, stride_d, tile_start, cutlass, total;
   };
 
   static Layout layout(int groups, size_t cutlass_bytes, bool with_tile_start) {
@@ -49,7 +49,6 @@ struct RaggedWorkspace {
     l.stride_a = take(groups * sizeof(StrideA));
     l.stride_b = take(groups * sizeof(StrideB));
     l.stride_d = take(groups * sizeof(StrideD));
-    l.covered = take(sizeof(int64_t));
     l.tile_start = take(with_tile_start ? (groups + 1) * sizeof(int32_t) : 0);
     l.cutlass = take(cutlass_bytes);
     l.total = at;
@@ -62,27 +61,24 @@ struct RaggedWorkspace {
         reinterpret_cast<Shape*>(w + l.shapes),      reinterpret_cast<const ElementA**>(w + l.a),
         reinterpret_cast<const ElementB**>(w + l.b), reinterpret_cast<ElementD**>(w + l.d),
         reinterpret_cast<StrideA*>(w + l.stride_a),  reinterpret_cast<StrideB*>(w + l.stride_b),
-        reinterpret_cast<StrideD*>(w + l.stride_d),  reinterpret_cast<int64_t*>(w + l.covered)};
+        reinterpret_cast<StrideD*>(w + l.stride_d)};
     if (with_tile_start) out.tile_start = reinterpret_cast<int32_t*>(w + l.tile_start);
     return out;
   }
 
-  // Builds the per-group arrays from the device-resident group sizes, then
-  // zeros the output no tile covers; both on `stream`. nullptr on success.
-  static const char* prepare(const GemmProblem& p, const Arrays& arrays, int zero_blocks,
+  // Builds the per-group arrays from the device-resident group sizes and
+  // zeros the output no tile covers, in one launch of `blocks` blocks on
+  // `stream`. nullptr on success.
+  static const char* prepare(const GemmProblem& p, const Arrays& arrays, int blocks,
                              cudaStream_t stream, int cluster_tile_m = 1, int tiles_n = 0) {
     // Row counts: ragged_m splits M (GEMM m); ragged_k splits the contraction (GEMM k).
     int64_t rows = Problem == RaggedProblem::kRaggedM ? p.m : p.k;
     auto stride_a = cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(p.m, p.k, 1));
     auto stride_b = cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(p.n, p.k, 1));
     auto stride_d = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(p.m, p.n, 1));
-    build_ragged_groups<Problem><<<1, kRaggedPrepThreads, 0, stream>>>(
+    prepare_ragged_groups<Problem><<<blocks, kRaggedPrepThreads, 0, stream>>>(
         p.group_sizes, p.batch, rows, p.m, p.n, p.k, p.a, p.b, p.d, arrays, stride_a, stride_b,
-        stride_d, cluster_tile_m, tiles_n);
-    int64_t row_bytes = int64_t(p.n) * sizeof(ElementD);
-    zero_uncovered_output<Problem>
-        <<<zero_blocks, 256, 0, stream>>>(arrays.shapes, arrays.covered_rows, p.batch, rows,
-                                          row_bytes, int64_t(p.m) * row_bytes, p.d);
+        stride_d, cluster_tile_m, tiles_n, int64_t(p.n) * sizeof(ElementD));
     cudaError_t err = cudaGetLastError();
     return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
   }
