@@ -63,10 +63,10 @@ inline constexpr int kRaggedPrepThreads = 256;
 // cluster tile is cluster_tile_m rows by one of tiles_n column tiles.
 template <RaggedProblem P, class Arrays, class StrideA, class StrideB, class StrideD>
 __global__ void __launch_bounds__(kRaggedPrepThreads)
-    prepare_ragged_groups(const int32_t* group_sizes, int groups, int64_t rows, int m, int n,
-                          int k, const void* a, const void* b, void* d, Arrays out,
-                          StrideA stride_a, StrideB stride_b, StrideD stride_d,
-                          int cluster_tile_m, int tiles_n, int64_t row_bytes) {
+    prepare_ragged_groups(const int32_t* group_sizes, int groups, int64_t rows, int m, int n, int k,
+                          const void* a, const void* b, void* d, Arrays out, StrideA stride_a,
+                          StrideB stride_b, StrideD stride_d, int cluster_tile_m, int tiles_n,
+                          int64_t row_bytes) {
   using Scan = cub::BlockScan<int64_t, kRaggedPrepThreads>;
   __shared__ typename Scan::TempStorage temp, tile_temp;
   __shared__ int64_t carry, tile_carry;
