@@ -132,13 +132,6 @@ def time_torch(torch, m, n, k, iterations) -> float:
     return bench_ragged.torch_event_ms(torch, fn, args, iterations)
 
 
-def load_torch():
-    torch, why = bench_ragged.load_torch()
-    if torch is not None and not hasattr(torch, "_scaled_mm"):
-        return None, f"unavailable: torch {torch.__version__} has no _scaled_mm"
-    return torch, why
-
-
 def plot(payload, path):
     rows = [r for r in payload["rows"] if r.get("jc_ms") and r.get("torch_ms")]
     common.plot_pairs(
@@ -169,7 +162,7 @@ def main(argv=None):
         for model, m, n, k in SHAPES:
             print(f"{model:<28} M={m:<6} N={n:<6} K={k}")
         return
-    torch, why_no_torch = load_torch()
+    torch, why_no_torch = bench_ragged.load_torch_with("_scaled_mm")
     extra = [name for name in args.variants.split(",") if name]
     rows = []
     for model, m, n, k in SHAPES:

@@ -472,6 +472,14 @@ def load_torch():
     return torch, None
 
 
+def load_torch_with(op: str):
+    """torch, or why not, when it has `torch.<op>` as well (an outside reference only)."""
+    torch, why = load_torch()
+    if torch is not None and not hasattr(torch, op):
+        return None, f"unavailable: torch {torch.__version__} has no {op}"
+    return torch, why
+
+
 def torch_alignment_problem(case: Case) -> str | None:
     # _grouped_mm wants 16-byte leading strides (8 bf16) and fewer than 1024 groups.
     for name, size in (("K", case.k), ("N", case.n)):

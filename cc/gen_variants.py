@@ -22,7 +22,7 @@ from gen_contract import load_tables  # beside this file: one loader for both ge
 A_LAYOUT = {"k": "cutlass::layout::RowMajor", "m": "cutlass::layout::ColumnMajor"}
 B_LAYOUT = {"k": "cutlass::layout::ColumnMajor", "n": "cutlass::layout::RowMajor"}
 # The dense kernel template of each arch (in tables.ARCH_NAMESPACES[arch]);
-# kinds with an empty template are grouped and use GroupedGemm there.
+# grouped rows use their kind's template there, GroupedGemm where it is empty.
 DENSE_TEMPLATES = {"sm90a": "GemmWsPersistent", "sm100a": "GemmTcgen05Persistent"}
 
 
@@ -36,10 +36,10 @@ def _template(t, v) -> str:
     """The C++ type of row `v`; `t` is the tables module."""
     types, ns = t.CUTLASS_TYPES, t.ARCH_NAMESPACES[v.arch]
     kind = t.KINDS[v.kind]["template"]
-    if not kind:  # grouped
+    if v.problem != "dense":
         problem = {"ragged_m": "kRaggedM", "ragged_k": "kRaggedK"}[v.problem]
         return (
-            f"{ns}::GroupedGemm<{types[v.dtype]}, {types[v.out]}, "
+            f"{ns}::{kind or 'GroupedGemm'}<{types[v.dtype]}, {types[v.out]}, "
             f"{A_LAYOUT[v.a_major]}, {B_LAYOUT[v.b_major]}, {v.tile_m}, {v.tile_n}, "
             f"{v.tile_k}, {v.stages}, RaggedProblem::{problem}>"
         )

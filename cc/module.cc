@@ -65,6 +65,7 @@ nb::dict registrations(bool command_buffers) {
   out[kGemmEpilogueTarget] = stages(gemm_epilogue_ffi_handlers(), command_buffers);
   out[kRaggedDotTarget] = stages(ragged_ffi_handlers(), command_buffers);
   out[kScaledGemmTarget] = stages(scaled_gemm_ffi_handlers(), command_buffers);
+  out[kScaledRaggedDotTarget] = stages(scaled_ragged_ffi_handlers(), command_buffers);
   return out;
 }
 

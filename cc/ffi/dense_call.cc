@@ -48,7 +48,8 @@ bool block_scaled(const VariantEntry& v) {
 
 std::string check_dense_variant(const VariantEntry& v, const char* epilogue, bool scaled) {
   if (std::string(v.problem) != "dense")
-    return std::string("variant ") + v.name + " is grouped: call " + kRaggedDotTarget;
+    return std::string("variant ") + v.name + " is grouped: call " +
+           (scaled ? kScaledRaggedDotTarget : kRaggedDotTarget);
   if (block_scaled(v) != scaled)
     return std::string("variant ") + v.name +
            (scaled ? " is not block-scaled: call " + std::string(kGemmTarget)

@@ -1,18 +1,22 @@
-// The grouped GEMM call, kRaggedDotTarget (see the contract in
-// kernels/cutlass_grouped_gemm.cuh): the Plan is resolved once per call site
-// (instantiate stage); each call checks its buffers and launches the grouped
-// variant. Group sizes stay on the device; everything wrong comes back as
-// ffi::Error.
+// The grouped GEMM calls (see the contract in kernels/cutlass_grouped_gemm.cuh):
+// kRaggedDotTarget, and kScaledRaggedDotTarget for fp8 operands with float32
+// block scales. The Plan is resolved once per call site (instantiate stage);
+// each call checks its buffers and launches the grouped variant. Group sizes
+// stay on the device; everything wrong comes back as ffi::Error.
 #include "ffi/ragged_ffi.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
 #include "common/contract.h"
 #include "ffi/buffer_checks.h"
+#include "ffi/dense_call.h"
 #include "ffi/launch.h"
 #include "ffi/plan_attr.h"
 #include "ffi/plan_state.h"
@@ -23,10 +27,8 @@ namespace ffi = xla::ffi;
 namespace jax_cluster {
 namespace {
 
-constexpr const char* kTarget = kRaggedDotTarget;
-
-ffi::Error invalid(const std::string& msg) {
-  return ffi::Error::InvalidArgument(std::string(kTarget) + ": " + msg);
+ffi::Error invalid(const char* target, const std::string& msg) {
+  return ffi::Error::InvalidArgument(std::string(target) + ": " + msg);
 }
 
 std::string dims(ffi::Span<const int64_t> d) {
@@ -75,35 +77,105 @@ std::string problem_from_buffers(const VariantEntry& v, const ffi::AnyBuffer& a,
   return "";
 }
 
-PlanStateOr ragged_instantiate(Plan plan) {
+// "" when `scale` is float32 with dimensions `want`, else what is wrong with it.
+std::string check_scale(const char* label, const ffi::AnyBuffer& scale,
+                        const std::vector<int64_t>& want) {
+  if (scale.element_type() != ffi::DataType::F32)
+    return std::string(label) + " must be float32, got " + dtype_name(scale.element_type());
+  auto got = scale.dimensions();
+  if (got.size() != want.size() || !std::equal(want.begin(), want.end(), got.begin()))
+    return std::string(label) + " must be " + dims(want) + "; got " + dims(got);
+  return "";
+}
+
+// A ragged_m call's block scales: scale_a [rows, K/128] (A's 1x128 tiles,
+// K-major, so a group's rows are one slice) and scale_b [G, K/128,
+// ceil(N/128)] (each group's 128x128 blocks of B).
+std::string scales_from_buffers(const ffi::AnyBuffer& scale_a, const ffi::AnyBuffer& scale_b,
+                                GemmProblem* p) {
+  if (p->k % kScaleBlock)
+    return "K = " + std::to_string(p->k) + " is not a multiple of the scale block " +
+           std::to_string(kScaleBlock);
+  int64_t k_blocks = p->k / kScaleBlock, n_blocks = (p->n + kScaleBlock - 1) / kScaleBlock;
+  if (std::string err = check_scale("scale_a", scale_a, {p->m, k_blocks}); !err.empty()) return err;
+  if (std::string err = check_scale("scale_b", scale_b, {p->batch, k_blocks, n_blocks});
+      !err.empty())
+    return err;
+  p->scale_a = static_cast<const float*>(scale_a.untyped_data());
+  p->scale_b = static_cast<const float*>(scale_b.untyped_data());
+  return "";
+}
+
+// Refuses, once per call site, a variant the calling target cannot run.
+PlanStateOr instantiate(Plan plan, bool scaled) {
   std::unique_ptr<PlanState> state = PlanState::resolve(plan);
-  if (state->error().empty() && std::string(state->variant().problem) == "dense")
-    state->refuse(std::string("variant ") + state->variant().name + " is dense: call " +
-                  kGemmTarget);
-  return state;
+  if (!state->error().empty()) return std::move(state);
+  const VariantEntry& v = state->variant();
+  if (std::string(v.problem) == "dense")
+    state->refuse(std::string("variant ") + v.name + " is dense: call " +
+                  (scaled ? kScaledGemmTarget : kGemmTarget));
+  else if (block_scaled(v) != scaled)
+    state->refuse(std::string("variant ") + v.name +
+                  (scaled ? " is not block-scaled: call " + std::string(kRaggedDotTarget)
+                          : " is block-scaled: call " + std::string(kScaledRaggedDotTarget)));
+  return std::move(state);
+}
+
+PlanStateOr ragged_instantiate(Plan plan) { return instantiate(plan, false); }
+PlanStateOr scaled_ragged_instantiate(Plan plan) { return instantiate(plan, true); }
+
+// Both targets' execute: the scales are null for kRaggedDotTarget.
+ffi::Error execute(const char* target, PlanState* state, cudaStream_t stream,
+                   const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer* scale_a,
+                   const ffi::AnyBuffer* scale_b, const ffi::Buffer<ffi::S32>& group_sizes,
+                   ffi::AnyBuffer d, ffi::AnyBuffer workspace) {
+  if (!state->error().empty()) return invalid(target, state->error());
+  const VariantEntry& v = state->variant();
+  if (std::string err = check_dtypes(v, a, b, d); !err.empty()) return invalid(target, err);
+  if (group_sizes.dimensions().size() != 1) return invalid(target, "group_sizes must be rank 1");
+  int64_t groups = group_sizes.dimensions()[0];
+  if (groups < 1) return invalid(target, "group_sizes is empty");
+  GemmProblem problem;
+  if (std::string err = problem_from_buffers(v, a, b, groups, d, &problem); !err.empty())
+    return invalid(target, err);
+  if (scale_a != nullptr)
+    if (std::string err = scales_from_buffers(*scale_a, *scale_b, &problem); !err.empty())
+      return invalid(target, err);
+  problem.group_sizes = group_sizes.typed_data();
+  if (d.size_bytes() == 0) return ffi::Error::Success();
+  // Both problems contract over GEMM k: K for ragged_m, the rows for ragged_k.
+  if (problem.k == 0) return zero_output(target, d, stream);  // empty sums everywhere
+  return launch_variant(target, *state, problem, d, workspace, stream);
 }
 
 ffi::Error ragged_execute(PlanState* state, cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                           ffi::Buffer<ffi::S32> group_sizes, ffi::Result<ffi::AnyBuffer> d,
                           ffi::Result<ffi::AnyBuffer> workspace) {
-  if (!state->error().empty()) return invalid(state->error());
-  const VariantEntry& v = state->variant();
-  if (std::string err = check_dtypes(v, a, b, *d); !err.empty()) return invalid(err);
-  if (group_sizes.dimensions().size() != 1) return invalid("group_sizes must be rank 1");
-  int64_t groups = group_sizes.dimensions()[0];
-  if (groups < 1) return invalid("group_sizes is empty");
-  GemmProblem problem;
-  if (std::string err = problem_from_buffers(v, a, b, groups, *d, &problem); !err.empty())
-    return invalid(err);
-  problem.group_sizes = group_sizes.typed_data();
-  if (d->size_bytes() == 0) return ffi::Error::Success();
-  // Both problems contract over GEMM k: K for ragged_m, the rows for ragged_k.
-  if (problem.k == 0) return zero_output(kTarget, *d, stream);  // empty sums everywhere
-  return launch_variant(kTarget, *state, problem, *d, *workspace, stream);
+  return execute(kRaggedDotTarget, state, stream, a, b, nullptr, nullptr, group_sizes, *d,
+                 *workspace);
+}
+
+ffi::Error scaled_ragged_execute(PlanState* state, cudaStream_t stream, ffi::AnyBuffer a,
+                                 ffi::AnyBuffer b, ffi::AnyBuffer scale_a, ffi::AnyBuffer scale_b,
+                                 ffi::Buffer<ffi::S32> group_sizes, ffi::Result<ffi::AnyBuffer> d,
+                                 ffi::Result<ffi::AnyBuffer> workspace) {
+  return execute(kScaledRaggedDotTarget, state, stream, a, b, &scale_a, &scale_b, group_sizes, *d,
+                 *workspace);
 }
 
 auto execute_binding() {
   return bind_execute()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::Buffer<ffi::S32>>()
+      .Ret<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>();
+}
+
+auto scaled_execute_binding() {
+  return bind_execute()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
       .Arg<ffi::AnyBuffer>()
       .Arg<ffi::AnyBuffer>()
       .Arg<ffi::Buffer<ffi::S32>>()
@@ -119,8 +191,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedExecute, ragged_execute, execute_binding(),
                               {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedExecuteOutsideGraphs, ragged_execute, execute_binding());
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaledRaggedInstantiate, scaled_ragged_instantiate,
+                              ffi::Ffi::BindInstantiate().Attr<Plan>("plan"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaledRaggedExecute, scaled_ragged_execute, scaled_execute_binding(),
+                              {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaledRaggedExecuteOutsideGraphs, scaled_ragged_execute,
+                              scaled_execute_binding());
+
 HandlerBundle ragged_ffi_handlers() {
   return {RaggedInstantiate, RaggedExecute, RaggedExecuteOutsideGraphs};
+}
+
+HandlerBundle scaled_ragged_ffi_handlers() {
+  return {ScaledRaggedInstantiate, ScaledRaggedExecute, ScaledRaggedExecuteOutsideGraphs};
 }
 
 }  // namespace jax_cluster

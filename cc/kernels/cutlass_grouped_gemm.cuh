@@ -28,13 +28,55 @@
 
 namespace jax_cluster {
 
+// How the grouped mainloop reads A and B (a variant's dtype decides).
+struct GroupedPlainOperands {
+  static constexpr bool kBlockScaled = false;
+  template <int Stages, int EpilogueBytes>
+  using StageCount = cutlass::gemm::collective::StageCount<Stages>;
+  template <class Layout>
+  using LayoutA = Layout*;
+  template <class Layout>
+  using LayoutB = Layout*;
+  template <class MainloopArguments, class Arrays>
+  static MainloopArguments mainloop(const Arrays& arrays) {
+    return {arrays.a, arrays.stride_a, arrays.b, arrays.stride_b};
+  }
+};
+
+// fp8 A and B with float32 block scales (ragged_m): A in 1 x kScaleBlock tiles
+// with its scales K-major, [rows, K/128], so each group's are one contiguous
+// slice of rows; each group's B [N, K] in kScaleBlock x kScaleBlock blocks, one
+// [K/128, ceil(N/128)] block of scales (MN-major) per group.
+struct GroupedBlockScaledOperands {
+  static constexpr bool kBlockScaled = true;
+  template <int Stages, int EpilogueBytes>
+  using StageCount = cutlass::gemm::collective::StageCountAutoCarveout<EpilogueBytes>;
+  using ScaleConfig =
+      cutlass::detail::Sm90BlockwiseScaleConfig<1, kScaleBlock, kScaleBlock, cute::GMMA::Major::K,
+                                                cute::GMMA::Major::MN>;
+  using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
+  using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+  template <class Layout>
+  using LayoutA = cute::tuple<Layout*, LayoutSFA*>;
+  template <class Layout>
+  using LayoutB = cute::tuple<Layout*, LayoutSFB*>;
+  template <class MainloopArguments, class Arrays>
+  static MainloopArguments mainloop(const Arrays& arrays) {
+    // CUTLASS's sm90 array mainloop lays each group's scales out from the
+    // group's own shape; it does not read per-group layout arrays.
+    return {arrays.a,       arrays.stride_a, arrays.b,       arrays.stride_b,
+            arrays.scale_a, nullptr,         arrays.scale_b, nullptr};
+  }
+};
+
 // Scheduling provides: ProblemShape (the tag type that selects its CUTLASS
 // scheduler), kSchedule, kTileStart (whether it reads tile_start), a Launch
 // computed from the problem (fits(), cluster_tile_m, tiles_n) and
 // configure(args, slots, arrays, launch) for the scheduler fields.
 template <class Arch, class ElementAB, class ElementD, class LayoutA, class LayoutB,
           class TileShape, class ClusterShape, int Stages, class MainloopSchedule,
-          class EpilogueSchedule, RaggedProblem Problem, class Scheduling>
+          class EpilogueSchedule, RaggedProblem Problem, class Scheduling,
+          class Operands = GroupedPlainOperands>
 struct CutlassGroupedGemm {
   static constexpr int kAlignAB = 16 / sizeof(ElementAB);
   static constexpr int kAlignD = 16 / sizeof(ElementD);
@@ -46,10 +88,18 @@ struct CutlassGroupedGemm {
       cutlass::layout::RowMajor*, kAlignD,  // no C operand: beta = 0
       ElementD, cutlass::layout::RowMajor*, kAlignD, EpilogueSchedule>::CollectiveOp;
 
+  // the weight gradient contracts the ragged rows: its K blocks would straddle groups
+  static_assert(!(Operands::kBlockScaled && Problem == RaggedProblem::kRaggedK),
+                "block-scaled grouped variants are ragged_m only");
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      Arch, cutlass::arch::OpClassTensorOp, ElementAB, LayoutA*, kAlignAB, ElementAB, LayoutB*,
-      kAlignAB, float, TileShape, ClusterShape, cutlass::gemm::collective::StageCount<Stages>,
+      Arch, cutlass::arch::OpClassTensorOp, ElementAB, typename Operands::template LayoutA<LayoutA>,
+      kAlignAB, ElementAB, typename Operands::template LayoutB<LayoutB>, kAlignAB, float, TileShape,
+      ClusterShape,
+      typename Operands::template StageCount<
+          Stages, static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
       MainloopSchedule>::CollectiveOp;
+  static_assert(CollectiveMainloop::DispatchPolicy::Stages == Stages,
+                "the mainloop's pipeline has another stage count than the menu row names");
 
   // Grouped kernels take their scheduler from the problem-shape type, not the tag.
   using Kernel =
@@ -73,10 +123,11 @@ struct CutlassGroupedGemm {
     ProblemShape shapes;
     shapes.num_groups = p.batch;
     shapes.problem_shapes = arrays.shapes;  // on the device only: no host copy
-    typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGrouped,
-                                  shapes,
-                                  {arrays.a, arrays.stride_a, arrays.b, arrays.stride_b},
-                                  {{}, nullptr, nullptr, arrays.d, arrays.stride_d}};
+    typename Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGrouped,
+        shapes,
+        Operands::template mainloop<typename CollectiveMainloop::Arguments>(arrays),
+        {{}, nullptr, nullptr, arrays.d, arrays.stride_d}};
     args.epilogue.thread.alpha = 1.0f;
     args.epilogue.thread.beta = 0.0f;
     args.hw_info.device_id = s.device_id;
@@ -94,7 +145,8 @@ struct CutlassGroupedGemm {
   static size_t workspace_size(const GemmProblem& p, const LaunchChoices&, const DeviceSlots& s) {
     Launch launch = Scheduling::launch(p);
     if (!launch.fits()) return 0;  // run() refuses it
-    return Workspace::layout(p.batch, cutlass_workspace(p, s, launch), Scheduling::kTileStart)
+    return Workspace::layout(p.batch, cutlass_workspace(p, s, launch), Scheduling::kTileStart,
+                             Operands::kBlockScaled)
         .total;
   }
 
@@ -105,9 +157,12 @@ struct CutlassGroupedGemm {
       return "a grouped variant runs its kind's one schedule only";
     Launch launch = Scheduling::launch(p);
     if (!launch.fits()) return "too many tiles for one grouped launch";
-    auto l = Workspace::layout(p.batch, cutlass_workspace(p, s, launch), Scheduling::kTileStart);
+    if (Operands::kBlockScaled && (p.scale_a == nullptr || p.scale_b == nullptr))
+      return "a block-scaled variant needs the scales of A and B";
+    auto l = Workspace::layout(p.batch, cutlass_workspace(p, s, launch), Scheduling::kTileStart,
+                               Operands::kBlockScaled);
     if (l.total > workspace_bytes) return "workspace buffer is smaller than the variant needs";
-    Arrays arrays = Workspace::arrays(workspace, l, Scheduling::kTileStart);
+    Arrays arrays = Workspace::arrays(workspace, l, Scheduling::kTileStart, Operands::kBlockScaled);
     if (const char* err = Workspace::prepare(p, arrays, 2 * s.sm_count, stream,
                                              launch.cluster_tile_m, launch.tiles_n))
       return err;

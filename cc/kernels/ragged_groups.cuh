@@ -39,6 +39,10 @@ struct RaggedGroupArrays {
   StrideD* stride_d;
   // [groups + 1]: first cluster tile of each group; [groups] is the total.
   int32_t* tile_start = nullptr;
+  // Block-scaled (fp8) ragged_m only: each group's scale arrays, a slice of
+  // scale_a [rows, K/128] and scale_b [G, K/128, ceil(N/128)].
+  const float** scale_a = nullptr;
+  const float** scale_b = nullptr;
 
   using ShapeType = Shape;
   using ElementAType = ElementA;
@@ -59,14 +63,15 @@ inline constexpr int kRaggedPrepThreads = 256;
 // ragged_k, D[g] of every group without rows.
 // `rows` is M of the ragged dimension; (m, n, k) is the GEMM view of the
 // launch. Strides are the same for every group (each group is a slice of one
-// packed buffer), so the host computes them once. With out.tile_start set, a
-// cluster tile is cluster_tile_m rows by one of tiles_n column tiles.
+// packed buffer), so the host computes them once. scale_a and scale_b are
+// the block scales of a block-scaled launch (out.scale_a set), else unused. With out.tile_start
+// set, a cluster tile is cluster_tile_m rows by one of tiles_n column tiles.
 template <RaggedProblem P, class Arrays, class StrideA, class StrideB, class StrideD>
 __global__ void __launch_bounds__(kRaggedPrepThreads)
     prepare_ragged_groups(const int32_t* group_sizes, int groups, int64_t rows, int m, int n, int k,
                           const void* a, const void* b, void* d, Arrays out, StrideA stride_a,
                           StrideB stride_b, StrideD stride_d, int cluster_tile_m, int tiles_n,
-                          int64_t row_bytes) {
+                          int64_t row_bytes, const float* scale_a, const float* scale_b) {
   using Scan = cub::BlockScan<int64_t, kRaggedPrepThreads>;
   __shared__ typename Scan::TempStorage temp, tile_temp;
   __shared__ int64_t carry, tile_carry;
@@ -103,6 +108,11 @@ __global__ void __launch_bounds__(kRaggedPrepThreads)
       out.stride_a[g] = stride_a;
       out.stride_b[g] = stride_b;
       out.stride_d[g] = stride_d;
+      if (out.scale_a != nullptr) {  // ragged_m: rows of scale_a, one [K/128, N/128] block of B
+        const int64_t k_blocks = k / kScaleBlock, n_blocks = (n + kScaleBlock - 1) / kScaleBlock;
+        out.scale_a[g] = scale_a + start * k_blocks;
+        out.scale_b[g] = scale_b + int64_t(g) * k_blocks * n_blocks;
+      }
     }
     int64_t tile_chunk_total = 0;
     if (writer && out.tile_start != nullptr) {

@@ -2,7 +2,8 @@
 // that fills it, shared by the sm90 and sm100 grouped kernels.
 //
 // Layout (each part 128-byte aligned): the per-group arrays of
-// ragged_groups.cuh, tile_start (only for schedulers
+// ragged_groups.cuh, the per-group scale pointers (block-scaled variants
+// only), tile_start (only for schedulers
 // that map linear tile ids to groups), then CUTLASS's own workspace.
 #pragma once
 
@@ -30,10 +31,12 @@ struct RaggedWorkspace {
 
   // Byte offsets; tile_start has no bytes unless asked for.
   struct Layout {
-    size_t shapes, a, b, d, stride_a, stride_b, stride_d, tile_start, cutlass, total;
+    size_t shapes, a, b, d, stride_a, stride_b, stride_d, scale_a, scale_b, tile_start, cutlass,
+        total;
   };
 
-  static Layout layout(int groups, size_t cutlass_bytes, bool with_tile_start) {
+  static Layout layout(int groups, size_t cutlass_bytes, bool with_tile_start,
+                       bool with_scales = false) {
     auto round = [](size_t x) { return (x + 127) / 128 * 128; };
     Layout l{};
     size_t at = 0;
@@ -49,13 +52,16 @@ struct RaggedWorkspace {
     l.stride_a = take(groups * sizeof(StrideA));
     l.stride_b = take(groups * sizeof(StrideB));
     l.stride_d = take(groups * sizeof(StrideD));
+    l.scale_a = take(with_scales ? groups * sizeof(float*) : 0);
+    l.scale_b = take(with_scales ? groups * sizeof(float*) : 0);
     l.tile_start = take(with_tile_start ? (groups + 1) * sizeof(int32_t) : 0);
     l.cutlass = take(cutlass_bytes);
     l.total = at;
     return l;
   }
 
-  static Arrays arrays(void* workspace, const Layout& l, bool with_tile_start) {
+  static Arrays arrays(void* workspace, const Layout& l, bool with_tile_start,
+                       bool with_scales = false) {
     auto* w = static_cast<char*>(workspace);
     Arrays out{
         reinterpret_cast<Shape*>(w + l.shapes),      reinterpret_cast<const ElementA**>(w + l.a),
@@ -63,6 +69,10 @@ struct RaggedWorkspace {
         reinterpret_cast<StrideA*>(w + l.stride_a),  reinterpret_cast<StrideB*>(w + l.stride_b),
         reinterpret_cast<StrideD*>(w + l.stride_d)};
     if (with_tile_start) out.tile_start = reinterpret_cast<int32_t*>(w + l.tile_start);
+    if (with_scales) {
+      out.scale_a = reinterpret_cast<const float**>(w + l.scale_a);
+      out.scale_b = reinterpret_cast<const float**>(w + l.scale_b);
+    }
     return out;
   }
 
@@ -78,7 +88,7 @@ struct RaggedWorkspace {
     auto stride_d = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(p.m, p.n, 1));
     prepare_ragged_groups<Problem><<<blocks, kRaggedPrepThreads, 0, stream>>>(
         p.group_sizes, p.batch, rows, p.m, p.n, p.k, p.a, p.b, p.d, arrays, stride_a, stride_b,
-        stride_d, cluster_tile_m, tiles_n, int64_t(p.n) * sizeof(ElementD));
+        stride_d, cluster_tile_m, tiles_n, int64_t(p.n) * sizeof(ElementD), p.scale_a, p.scale_b);
     cudaError_t err = cudaGetLastError();
     return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
   }

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_cluster.ops import output_sharding
-from jax_cluster.ops.quantize import dequantized_operands
+from jax_cluster.ops.fp8_grouped import scaled_grouped_product
+from jax_cluster.ops.quantize import dequantize, quantized_operands
 from jax_cluster.planning.plan import Plan
 from jax_cluster.primitives.activations import activation_fn
 from jax_cluster.primitives.lowering import clamp_group_sizes
@@ -67,8 +68,12 @@ def ragged_dot(
 
     Block-scaled fp8 operands (`jax_cluster.quantize`: lhs [M, K] in (1, 128)
     blocks, rhs [G, K, N] or [G, N, K] in (128, 128) blocks of each group's
-    matrix) give a bfloat16 result by default; they are dequantized to
-    bfloat16 and run the bf16 grouped path until fp8 kernels exist.
+    matrix) give a bfloat16 result by default. They run the block-scaled
+    grouped kernel under a plan that takes it (plan_ragged(M, N, K, G,
+    problem="ragged_m", dtype=jnp.float8_e4m3fn, out_dtype=..., a_major="k",
+    b_major="k", variant=...): its row has not run on a GPU yet, so only a
+    pinned plan does), without group_offset; otherwise they are dequantized
+    to bfloat16 and run the bf16 grouped path.
 
     Differentiable in lhs and rhs: d_lhs is the same grouped product with
     rhs read transposed in place, d_rhs[g] = lhs_g^T dy_g. vmap runs a loop
@@ -78,11 +83,18 @@ def ragged_dot(
     this call: plan_ragged(M, N, K, G, problem="ragged_m", b_major="n" for
     "gkn" or "k" for "gnk", ...).
     """
-    fp8 = dequantized_operands(_WHO, lhs, rhs)
-    if fp8 is not None:  # per group, rhs's (128, 128) blocks tile its own [K, N] (or [N, K])
+    quantized = quantized_operands(_WHO, lhs, rhs)
+    if quantized is not None:  # per group, rhs's (128, 128) blocks tile its own [K, N] (or [N, K])
         out = preferred_element_type if preferred_element_type is not None else jnp.bfloat16
+        group_sizes = jnp.asarray(group_sizes)
+        integral = jnp.issubdtype(group_sizes.dtype, jnp.integer)
+        if integral and group_offset is None and group_sizes.ndim == 1 and rhs_layout in _B_MAJOR:
+            sizes = _int32_sizes(group_sizes, quantized[0].qvalue.shape[0])
+            direct = scaled_grouped_product(*quantized, sizes, rhs_layout, out, plan)
+            if direct is not None:
+                return _finish(direct, activation, out_sharding)
         return ragged_dot(
-            *fp8,
+            *(dequantize(q, jnp.bfloat16) for q in quantized),
             group_sizes,
             precision,
             out,
@@ -105,16 +117,7 @@ def ragged_dot(
         )
     blocks = group_sizes.shape[0] if group_sizes.ndim == 2 else 1
     rows = lhs.shape[0] // blocks if blocks else 0
-    if group_sizes.dtype == jnp.int32 and group_offset is None:
-        # the kernels and both XLA paths clamp int32 sizes themselves; a clip
-        # here would be one more XLA kernel per call (2 us at decode sizes)
-        sizes = group_sizes
-    else:
-        # Sizes past the rows change no group's span (each is cut at the rows), so
-        # any integer dtype narrows to int32 without wrapping; the bound itself must
-        # fit the sizes' dtype (1000 as an int8 would wrap).
-        top = min(rows, int(jnp.iinfo(group_sizes.dtype).max))
-        sizes = jnp.clip(group_sizes, 0, top).astype(jnp.int32)
+    sizes = _int32_sizes(group_sizes, rows) if group_offset is None else _clipped_int32(group_sizes, rows)
     first_row = None
     if group_offset is not None:
         sizes, first_row = _local_groups(sizes, group_offset, rhs.shape[0], rows)
@@ -138,11 +141,31 @@ def ragged_dot(
         row = jnp.arange(lhs.shape[0]) % max(rows, 1)
         keep = (row.reshape(blocks, rows) >= first_row[:, None]).reshape(-1)
         out = jnp.where(keep[:, None], out, jnp.zeros((), out.dtype))
+    return _finish(out, activation, out_sharding)
+
+
+def _finish(out, activation, out_sharding):
+    """The activation after the product, then the requested output sharding."""
     if activation is not None:
         out = (activation_fn(activation) if isinstance(activation, str) else activation)(out)
     if output_sharding.constrains(out_sharding, _WHO):
         out = output_sharding.place(out, out_sharding)
     return out
+
+
+def _int32_sizes(group_sizes, rows):
+    """Group sizes as int32 under the kernels' rule. int32 sizes pass as they
+    are: the kernels and both XLA paths clamp them themselves, and a clip here
+    would be one more XLA kernel per call (2 us at decode sizes)."""
+    return group_sizes if group_sizes.dtype == jnp.int32 else _clipped_int32(group_sizes, rows)
+
+
+def _clipped_int32(group_sizes, rows):
+    """Sizes past the rows change no group's span (each is cut at the rows), so
+    any integer dtype narrows to int32 without wrapping; the bound itself must
+    fit the sizes' dtype (1000 as an int8 would wrap)."""
+    top = min(rows, int(jnp.iinfo(group_sizes.dtype).max))
+    return jnp.clip(group_sizes, 0, top).astype(jnp.int32)
 
 
 def _local_groups(sizes, group_offset, local, rows):

@@ -60,16 +60,24 @@ def why_xla(dev: DeviceInfo, call: Call, overrides: dict, op: str) -> str:
 
 
 def _block_scaled_problem(call: Call) -> str:
-    """What keeps a block-scaled (fp8) call off its kernel: the kernel reads
-    A and B K-major, one product, K in whole scale blocks, and A's scales
-    with TMA (a 16-byte row pitch: M a multiple of 4)."""
-    if call.problem != "dense" or call.epilogue != "none":
-        return "block-scaled fp8 runs plain dense products only"
-    if (call.a_major, call.b_major) != ("k", "k") or call.count != 1:
-        return "block-scaled fp8 reads A [M,K] and B [N,K] (K-major, no batch)"
+    """What keeps a block-scaled (fp8) call off its kernels: they read A and B
+    K-major, K in whole scale blocks; the dense kernel runs one product and
+    reads A's scales with TMA (a 16-byte row pitch: M a multiple of 4); the
+    grouped one splits the rows (ragged_m), never the contraction."""
+    if call.epilogue != "none":
+        return "block-scaled fp8 runs plain products only"
+    if call.problem == "ragged_k":
+        return (
+            "block-scaled fp8 grouped products split the rows (ragged_m): "
+            "a ragged contraction's K blocks would straddle groups"
+        )
+    if (call.a_major, call.b_major) != ("k", "k"):
+        return "block-scaled fp8 reads A [M,K] and B [N,K] (K-major)"
+    if call.problem == "dense" and call.count != 1:
+        return "block-scaled fp8 dense products take no batch"
     if call.k % tables.SCALE_BLOCK:
         return f"K = {call.k} is not a multiple of the scale block {tables.SCALE_BLOCK}"
-    if call.m % 4:
+    if call.problem == "dense" and call.m % 4:
         return f"M = {call.m} is not a multiple of 4 (A's scales are read with TMA)"
     return ""
 
@@ -87,6 +95,10 @@ def _matches(v: tables.Variant, overrides: dict) -> bool:
     if "cluster" in overrides and tuple(overrides["cluster"]) != (v.cluster_m, v.cluster_n):
         return False
     return "schedule" not in overrides or overrides["schedule"] in v.schedules
+
+
+# Overrides that name one row: they take a row no GPU has run yet (validated: false).
+PINNING_ROW = frozenset({"variant", "tile"})
 
 
 def menu_rows(dev: DeviceInfo, call: Call, overrides: dict, caller: str) -> tuple[list[tables.Variant], str]:
@@ -119,6 +131,14 @@ def menu_rows(dev: DeviceInfo, call: Call, overrides: dict, caller: str) -> tupl
         raise ValueError(
             f"{caller}: no compiled {kind}variant matches {overrides}; the menu is in {tables.MENU_PATH.name}"
         )
+    if not PINNING_ROW & set(overrides):
+        unvalidated = [v.name for v in rows if not v.validated]
+        rows = [v for v in rows if v.validated]
+        if not rows:
+            return [], (
+                f"{', '.join(unvalidated)} has not run on a GPU yet, so only a plan that pins it "
+                "(variant= or tile=) takes it"
+            )
     return rows, ""
 
 

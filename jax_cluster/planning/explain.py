@@ -14,7 +14,7 @@ def _ragged(p) -> bool:
 
 def _decision(p) -> str:
     if not p.uses_kernel:
-        return f"Use XLA's {'ragged_dot' if _ragged(p) else 'dot'}: {p.reason}."
+        return f"Use {_fallback(p)}: {p.reason}."
     over = f" over the tiles of {p.groups} groups" if _ragged(p) else ""
     fused = ", with the bias, activation and C fused into its epilogue" if (p.epilogue == "bias_act") else ""
     return (

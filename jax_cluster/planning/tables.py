@@ -90,6 +90,8 @@ class Variant:
     # 32 or 64 rows, where a cooperative M tile is 128 (small-M, memory-bound rows).
     # The tile stays in the caller's terms (tile_m rows of M).
     swap_ab: bool = False
+    # False until a GPU has run the row's self-test: planners take it only when pinned.
+    validated: bool = True
 
     @property
     def mma(self) -> str:
@@ -180,6 +182,7 @@ def load_menu(path: pathlib.Path = MENU_PATH) -> tuple[Variant, ...]:
                 row.get("problem", "dense"),
                 row.get("epilogue", "none"),
                 bool(row.get("swap_ab", False)),
+                bool(row.get("validated", True)),
             )
         )
     names = [v.name for v in out]

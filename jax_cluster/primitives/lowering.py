@@ -219,3 +219,43 @@ ragged_local_p = local_primitive(
     xla_impl=xla_ragged,
     cuda_lowering=_ragged_cuda_lowering,
 )
+
+
+# --------------------------------------------------------------------------- block-scaled fp8, grouped
+
+
+def _scaled_ragged_abstract_eval(a, b, scale_a, scale_b, group_sizes, *, out_dtype, plan):
+    return jax.core.ShapedArray((a.shape[0], b.shape[1]), out_dtype)
+
+
+def xla_scaled_ragged(a, b, scale_a, scale_b, group_sizes, *, out_dtype, plan):
+    """The portable path: the grouped product of the dequantized operands in
+    float32, under the kernels' size rule."""
+    rows, n = a.shape[0], b.shape[1]
+    if group_sizes.shape[0] == 0:
+        return jnp.zeros((rows, n), out_dtype)
+    a32 = a.astype(jnp.float32) * jnp.repeat(scale_a, SCALE_BLOCK, axis=1)
+    per_column = jnp.repeat(scale_b, SCALE_BLOCK, axis=2)[:, :, :n]  # [G, K/128, N]
+    b32 = b.astype(jnp.float32) * jnp.repeat(per_column, SCALE_BLOCK, axis=1).transpose(0, 2, 1)
+    dims = lax.RaggedDotDimensionNumbers((((1,), (2,)), ((), ())), lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
+    sizes = clamp_group_sizes(group_sizes, rows)
+    out = lax.ragged_dot_general(
+        a32, b32, sizes, dims, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32
+    )
+    return out.astype(out_dtype)
+
+
+def _scaled_ragged_cuda_lowering(ctx, a, b, scale_a, scale_b, group_sizes, *, out_dtype, plan: Plan):
+    if not _runs_kernel(plan):
+        fallback = functools.partial(xla_scaled_ragged, out_dtype=out_dtype, plan=plan)
+        return mlir.lower_fun(fallback, multiple_results=False)(ctx, a, b, scale_a, scale_b, group_sizes)
+    # the raw sizes go to the kernel, which applies the same clamping rule itself
+    return lower_kernel_call(ctx, FFI_TARGETS["scaled_ragged_dot"], plan, a, b, scale_a, scale_b, group_sizes)
+
+
+scaled_ragged_local_p = local_primitive(
+    "jax_cluster_scaled_ragged_dot_local",
+    abstract_eval=_scaled_ragged_abstract_eval,
+    xla_impl=xla_scaled_ragged,
+    cuda_lowering=_scaled_ragged_cuda_lowering,
+)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from jax_cluster.planning.tables import BLOCK_SCALED_DTYPES, NUMPY_DTYPES
+from jax_cluster.planning.plan import dtype_name
+from jax_cluster.planning.tables import BLOCK_SCALED_DTYPES, NUMPY_DTYPES, OUTPUT_DTYPES, SCALE_BLOCK
 
 # What the primitives take: the contract's dtypes (the kernels read the
 # input ones; f32 operands run on XLA inside the same primitive). fp8 comes
@@ -27,6 +28,26 @@ def check_dtypes(who, out_dtype, **operands):
         raise TypeError(f"{who}: {na} and {nb} dtypes differ ({a.dtype} vs {b.dtype})")
     if not any(np.dtype(out_dtype) == np.dtype(t) for t in SUPPORTED_DTYPES):
         raise TypeError(f"{who}: unsupported output dtype {np.dtype(out_dtype)}")
+
+
+def check_scaled_operands(who, a, b, k: int, out_dtype, scales) -> None:
+    """The block-scaled GEMMs' rules: fp8 values of one format, K in whole
+    scale blocks, an output the kernels write, and float32 scales of the
+    shapes in `scales` ((label, array, wanted shape) each)."""
+    if k % SCALE_BLOCK:
+        raise ValueError(f"{who}: K = {k} is not a multiple of the scale block {SCALE_BLOCK}")
+    for name, x in (("a", a), ("b", b)):
+        if jnp.dtype(x.dtype) not in SCALED_DTYPES:
+            formats = ", ".join(map(str, SCALED_DTYPES))
+            raise TypeError(f"{who}: {name} must hold fp8 values ({formats}), got {x.dtype}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"{who}: a and b hold different fp8 formats ({a.dtype} and {b.dtype})")
+    outputs = OUTPUT_DTYPES[dtype_name(a.dtype)]
+    if dtype_name(out_dtype) not in outputs:
+        raise TypeError(f"{who}: the output must be one of {outputs}, got {np.dtype(out_dtype)}")
+    for name, scale, want in scales:
+        if scale.dtype != jnp.float32 or tuple(scale.shape) != want:
+            raise ValueError(f"{who}: {name} must be float32 {list(want)}, got {scale.dtype} {list(scale.shape)}")
 
 
 def gemm_dims(a_shape, b_shape, a_major, b_major):

@@ -21,10 +21,10 @@ import numpy as np
 
 from jax_cluster.planning.call import Call
 from jax_cluster.planning.plan import Plan, dtype_name
-from jax_cluster.planning.tables import OUTPUT_DTYPES, SCALE_BLOCK
+from jax_cluster.planning.tables import SCALE_BLOCK
 from jax_cluster.primitives import plans
 from jax_cluster.primitives.lowering import scaled_gemm_local_p
-from jax_cluster.primitives.operands import SCALED_DTYPES
+from jax_cluster.primitives.operands import check_scaled_operands
 
 _WHO = "jax_cluster scaled_gemm"
 
@@ -35,26 +35,15 @@ def _check(a, b, scale_a, scale_b, out_dtype) -> tuple[int, int, int]:
     (m, k), (n, kb) = a.shape, b.shape
     if k != kb:
         raise ValueError(f"{_WHO}: contracting dimensions differ: a {a.shape} has K={k}, b {b.shape} has K={kb}")
-    if k % SCALE_BLOCK:
-        raise ValueError(f"{_WHO}: K = {k} is not a multiple of the scale block {SCALE_BLOCK}")
-    for name, x in (("a", a), ("b", b)):
-        if jnp.dtype(x.dtype) not in SCALED_DTYPES:
-            formats = ", ".join(map(str, SCALED_DTYPES))
-            raise TypeError(f"{_WHO}: {name} must hold fp8 values ({formats}), got {x.dtype}")
-    if a.dtype != b.dtype:
-        raise TypeError(f"{_WHO}: a and b hold different fp8 formats ({a.dtype} and {b.dtype})")
-    outputs = OUTPUT_DTYPES[dtype_name(a.dtype)]
-    if dtype_name(out_dtype) not in outputs:
-        raise TypeError(f"{_WHO}: the output must be one of {outputs}, got {np.dtype(out_dtype)}")
     blocks = k // SCALE_BLOCK
-    for name, scale, want in (
-        ("scale_a", scale_a, (blocks, m)),
-        ("scale_b", scale_b, (blocks, -(-n // SCALE_BLOCK))),
-    ):
-        if scale.dtype != jnp.float32 or tuple(scale.shape) != want:
-            raise ValueError(
-                f"{_WHO}: {name} must be float32 {list(want)} (K blocks first), got {scale.dtype} {list(scale.shape)}"
-            )
+    check_scaled_operands(
+        _WHO,
+        a,
+        b,
+        k,
+        out_dtype,
+        (("scale_a", scale_a, (blocks, m)), ("scale_b", scale_b, (blocks, -(-n // SCALE_BLOCK)))),
+    )
     return m, n, k
 
 

@@ -32,9 +32,10 @@ from jax_cluster.planning.tables import ACTIVATIONS
 from jax_cluster.primitives.activations import apply_epilogue
 from jax_cluster.primitives.epilogue import gemm_epilogue
 from jax_cluster.primitives.gemm import gemm
-from jax_cluster.primitives.lowering import clamp_group_sizes, xla_scaled_gemm
+from jax_cluster.primitives.lowering import clamp_group_sizes, xla_scaled_gemm, xla_scaled_ragged
 from jax_cluster.primitives.ragged import ragged
 from jax_cluster.primitives.scaled_gemm import scaled_gemm
+from jax_cluster.primitives.scaled_ragged import scaled_ragged_dot
 from jax_cluster.tuning import accuracy
 from jax_cluster.tuning.accuracy import tolerance
 
@@ -170,7 +171,8 @@ def grouped_cases(v: tables.Variant, clusters: int, quick: bool):
     ]
     if not quick:
         sizes = [0, 1, 300, 0, 77, 1000, 5, 0, 640]
-        cases.append(("uneven groups, rows left over", sizes, sum(sizes) + 123, 1016, 744))
+        kdim = 1024 if v.dtype in tables.BLOCK_SCALED_DTYPES else 1016  # whole scale blocks
+        cases.append(("uneven groups, rows left over", sizes, sum(sizes) + 123, kdim, 744))
     return cases
 
 
@@ -234,6 +236,38 @@ def _check_grouped(v: tables.Variant, sizes, rows, kdim, ndim, key) -> tuple[flo
     return float(rel), float(worst)
 
 
+def scaled_grouped_operands(key, rows: int, n: int, k: int, groups: int, dtype):
+    """Random fp8 A [rows, K], B [G, N, K] and float32 block scales in [0.5, 2)
+    in the grouped kernel's layouts (A's K-major, each group's B's K blocks first)."""
+    ka, kb, ksa, ksb = jax.random.split(key, 4)
+    a = jax.random.normal(ka, (rows, k), jnp.float32).astype(dtype)
+    b = jax.random.normal(kb, (groups, n, k), jnp.float32).astype(dtype)
+    blocks = k // tables.SCALE_BLOCK
+    scale_a = jax.random.uniform(ksa, (rows, blocks), jnp.float32, 0.5, 2.0)
+    scale_b = jax.random.uniform(ksb, (groups, blocks, -(-n // tables.SCALE_BLOCK)), jnp.float32, 0.5, 2.0)
+    return a, b, scale_a, scale_b
+
+
+def _check_scaled_grouped(v: tables.Variant, sizes, rows, kdim, ndim, key) -> tuple[float, float]:
+    """A block-scaled ragged_m variant against the float32 grouped product of
+    the dequantized operands; rows past the groups must be exact zeros."""
+    operands = scaled_grouped_operands(key, rows, ndim, kdim, len(sizes), DTYPES[v.dtype])
+    gs = jnp.asarray(sizes, jnp.int32)
+    plan = grouped_plan(v, len(sizes), rows, kdim, ndim)
+
+    @jax.jit
+    def errors(gs, *operands):
+        out = scaled_ragged_dot(*operands, gs, out_dtype=DTYPES[v.out], plan=plan)
+        ref = xla_scaled_ragged(*operands, gs, out_dtype=jnp.float32, plan=plan)
+        rel, worst = accuracy.errors(out, ref)
+        past = (jnp.arange(rows) >= jnp.sum(clamp_group_sizes(gs, rows)))[:, None]
+        exact_zeros = jnp.where(past, out == 0, True).all()
+        return jnp.where(exact_zeros, rel, jnp.inf), jnp.where(exact_zeros, worst, jnp.inf)
+
+    rel, worst = jax.device_get(errors(gs, *operands))
+    return float(rel), float(worst)
+
+
 def _run(check, count: int) -> list[tuple[float, float, str]]:
     """(rel, max rel, error) per case; an exception fails every case it covers
     but not the run: the table is the product."""
@@ -251,9 +285,10 @@ def _variant_rows(v: tables.Variant, clusters: int, quick: bool, key):
         results = _run(lambda: check(v, [dense_plan(v, s, *mnk) for s, _, mnk in rows], key), len(rows))
         return [(s, label, result) for (s, label, _), result in zip(rows, results)]
     rows = []
+    check = _check_scaled_grouped if v.dtype in tables.BLOCK_SCALED_DTYPES else _check_grouped
     for label, *case in grouped_cases(v, clusters, quick):
         key, sub = jax.random.split(key)
-        rows.append((v.schedules[0], label, _run(lambda c=case, k=sub: [_check_grouped(v, *c, k)], 1)[0]))
+        rows.append((v.schedules[0], label, _run(lambda c=case, k=sub: [check(v, *c, k)], 1)[0]))
     return rows
 
 

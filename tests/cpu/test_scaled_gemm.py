@@ -89,7 +89,7 @@ def test_hopper_plans_take_the_block_scaled_row_and_never_route_to_xla():
         ((8, 256, 200), {}, "not a multiple of the scale block"),
         ((8, 256, 256), {"out_dtype": jnp.float16}, "write bf16 or f32 from e4m3 inputs"),
         ((8, 256, 256), {"b_major": "n"}, "reads A [M,K] and B [N,K]"),
-        ((8, 256, 256), {"epilogue": "bias_act"}, "plain dense products only"),
+        ((8, 256, 256), {"epilogue": "bias_act"}, "plain products only"),
     ],
 )
 def test_calls_the_kernel_cannot_take_are_explained(shape, kw, why):

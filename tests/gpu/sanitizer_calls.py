@@ -23,7 +23,15 @@ from jax_cluster.primitives.epilogue import gemm_epilogue
 from jax_cluster.primitives.gemm import gemm
 from jax_cluster.primitives.ragged import ragged
 from jax_cluster.primitives.scaled_gemm import scaled_gemm
-from jax_cluster.tools.selftest import DTYPES, dense_plan, grouped_plan, odd_shape, scaled_operands
+from jax_cluster.primitives.scaled_ragged import scaled_ragged_dot
+from jax_cluster.tools.selftest import (
+    DTYPES,
+    dense_plan,
+    grouped_plan,
+    odd_shape,
+    scaled_grouped_operands,
+    scaled_operands,
+)
 from jax_cluster.tuning.accuracy import relative_error, tolerance
 
 
@@ -93,6 +101,21 @@ def _grouped_reference(a, b, sizes, v):
     return out
 
 
+def _scaled_grouped(v, key):
+    sizes = [0, 77, 1, 200, 0, 150]  # as _grouped, with K in whole scale blocks
+    rows, kdim, ndim = sum(sizes) + 40, 2 * tables.SCALE_BLOCK, 264
+    plan = grouped_plan(v, len(sizes), rows, kdim, ndim)
+    a, b, scale_a, scale_b = scaled_grouped_operands(key, rows, ndim, kdim, len(sizes), DTYPES[v.dtype])
+    gs = jnp.asarray(sizes, jnp.int32)
+    out = jax.jit(lambda *xs: scaled_ragged_dot(*xs, out_dtype=DTYPES[v.out], plan=plan))(a, b, scale_a, scale_b, gs)
+    block = tables.SCALE_BLOCK
+    a64 = np.asarray(a, np.float64) * np.repeat(np.asarray(scale_a, np.float64), block, axis=1)
+    per_column = np.repeat(np.asarray(scale_b, np.float64), block, axis=2)[:, :, :ndim]
+    b64 = np.asarray(b, np.float64) * np.repeat(per_column, block, axis=1).transpose(0, 2, 1)
+    ref = _grouped_reference(a64, b64, sizes, v)  # b is [G, N, K]: v.b_major is "k"
+    return float(relative_error(np.asarray(out.astype(jnp.float32)), ref))
+
+
 def main(argv) -> int:
     only = re.compile(argv[0] if argv else "")  # a regex on variant names: part of the menu only
     dev = describe()
@@ -109,7 +132,9 @@ def main(argv) -> int:
             key, sub = jax.random.split(key)
             # the call's name first, so a crash inside it names the call
             print(f"{v.name} {schedule}: ", end="", flush=True)
-            if v.problem != "dense":
+            if v.problem != "dense" and v.dtype in tables.BLOCK_SCALED_DTYPES:
+                err = _scaled_grouped(v, sub)
+            elif v.problem != "dense":
                 err = _grouped(v, sub)
             elif v.dtype in tables.BLOCK_SCALED_DTYPES:
                 err = _scaled(v, schedule, sub)

@@ -71,3 +71,53 @@ def test_rows_the_kernel_cannot_take_fall_back_with_the_same_values():
     out = jax.jit(jax_cluster.matmul)(qx, qw)
     ref = np.asarray(jax_cluster.dequantize(qx), np.float64) @ np.asarray(jax_cluster.dequantize(qw), np.float64)
     assert _rel(out, ref) < 1e-2
+
+
+def _grouped_row() -> str:
+    names = jax_cluster.info().compiled_variants
+    row = next(
+        (v.name for v in tables.load_menu() if v.dtype == "e4m3" and v.problem == "ragged_m" and v.name in names),
+        None,
+    )
+    if row is None:
+        pytest.skip("no block-scaled grouped row is compiled for this GPU")
+    return row
+
+
+@pytest.mark.parametrize("rhs_layout", ["gkn", "gnk"])
+@pytest.mark.parametrize("sizes", [[300, 0, 1, 211], [-4, 640, 0, 5, 77], [128] * 9], ids=str)
+def test_quantized_ragged_dot_on_the_grouped_kernel(sizes, rhs_layout):
+    """Pinned (the row has not been validated yet): uneven, empty, negative and
+    tile-sized groups, rows past the groups exact zeros."""
+    rows, k, n = 768, 512, 384
+    ka, kb = jax.random.split(fresh_key())
+    x = jax.random.normal(ka, (rows, k), jnp.float32)
+    shape = (len(sizes), k, n) if rhs_layout == "gkn" else (len(sizes), n, k)
+    w = jax.random.normal(kb, shape, jnp.float32)
+    qx, qw = jax_cluster.quantize(x), jax_cluster.quantize(w, block=(128, 128))
+    gs = jnp.asarray(sizes, jnp.int32)
+    plan = jax_cluster.plan_ragged(
+        rows,
+        n,
+        k,
+        len(sizes),
+        problem="ragged_m",
+        dtype=E4M3,
+        out_dtype=jnp.bfloat16,
+        a_major="k",
+        b_major="k",
+        variant=_grouped_row(),
+    )
+    run = jax.jit(lambda qx, qw, gs: jax_cluster.ragged_dot(qx, qw, gs, rhs_layout=rhs_layout, plan=plan))
+    assert tables.FFI_TARGETS["scaled_ragged_dot"] in run.lower(qx, qw, gs).as_text()
+    out = np.asarray(run(qx, qw, gs), np.float64)
+    dx, dw = np.asarray(jax_cluster.dequantize(qx), np.float64), np.asarray(jax_cluster.dequantize(qw), np.float64)
+    dw = dw if rhs_layout == "gkn" else dw.transpose(0, 2, 1)
+    ref, start = np.zeros((rows, n)), 0
+    for g, size in enumerate(sizes):
+        end = min(start + max(size, 0), rows)
+        ref[start:end] = dx[start:end] @ dw[g]
+        start = end
+    assert _rel(out, ref) < 5e-3
+    assert (out[start:] == 0).all()  # rows past the groups
+    assert np.array_equal(np.asarray(run(qx, qw, gs), np.float64), out)  # repeatable bit for bit

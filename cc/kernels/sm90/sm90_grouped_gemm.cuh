@@ -44,4 +44,18 @@ using GroupedGemm =
                        cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, Problem,
                        WorkQueueScheduling>;
 
+// fp8 with float32 block scales, ragged_m: CUTLASS's blockwise-scaled array
+// mainloop on the same work queue. Its auxiliary scale-load warp counts among
+// the scheduler pipeline's consumers in CUTLASS's array kernel, unlike the
+// dense kernel's (sm90_gemm_ws_persistent.cuh).
+template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
+          int TileK, int Stages, RaggedProblem Problem>
+using GroupedBlockwiseGemm =
+    CutlassGroupedGemm<cutlass::arch::Sm90, ElementAB, ElementD, LayoutA, LayoutB,
+                       cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>,
+                       cute::Shape<cute::_1, cute::_1, cute::_1>, Stages,
+                       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise,
+                       cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, Problem,
+                       WorkQueueScheduling, GroupedBlockScaledOperands>;
+
 }  // namespace jax_cluster::sm90

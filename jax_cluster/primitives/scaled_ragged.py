@@ -1,0 +1,69 @@
+"""The block-scaled fp8 grouped GEMM (ragged_m): the rows of group g times
+group g's weight, both dequantized by their block scales, DeepSeek-V3's
+recipe for MoE experts on CUTLASS's blockwise-scaled array mainloop.
+
+  a            [rows, K]               fp8 values, K-major
+  b            [G, N, K]               fp8 values, each group's weight K-major
+  scale_a      [rows, K/128]           float32: A's 1 x 128 tiles along K
+  scale_b      [G, K/128, ceil(N/128)] float32: each group's 128 x 128 blocks
+  group_sizes  [G]                     int32
+
+Scale blocks never meet a group boundary: A's tiles run along K within one
+row, and B's blocks belong to one group's matrix. Sizes follow ragged_dot's
+rule (a negative size counts as 0, groups are cut at the rows) and rows past
+the groups are zero. The op takes one device, has no vmap rule and is not
+differentiable: the fp8 training recipe quantizes each product itself.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from jax_cluster.planning.call import Call
+from jax_cluster.planning.plan import Plan, dtype_name
+from jax_cluster.planning.tables import SCALE_BLOCK
+from jax_cluster.primitives import plans
+from jax_cluster.primitives.lowering import scaled_ragged_local_p
+from jax_cluster.primitives.operands import check_scaled_operands
+
+_WHO = "jax_cluster scaled_ragged_dot"
+
+
+def _check(a, b, scale_a, scale_b, group_sizes, out_dtype) -> tuple[int, int, int, int]:
+    if a.ndim != 2 or b.ndim != 3:
+        raise ValueError(f"{_WHO}: a must be [rows, K] and b [G, N, K], got shapes {a.shape} and {b.shape}")
+    (rows, k), (groups, n, kb) = a.shape, b.shape
+    if k != kb:
+        raise ValueError(f"{_WHO}: contracting dimensions differ: a {a.shape} has K={k}, b {b.shape} has K={kb}")
+    if group_sizes.ndim != 1 or group_sizes.shape[0] != groups or group_sizes.dtype != jnp.int32:
+        raise ValueError(
+            f"{_WHO}: group_sizes must be int32 [{groups}] (one per group of b), got "
+            f"{group_sizes.dtype} {list(group_sizes.shape)}"
+        )
+    blocks = k // SCALE_BLOCK
+    check_scaled_operands(
+        _WHO,
+        a,
+        b,
+        k,
+        out_dtype,
+        (("scale_a", scale_a, (rows, blocks)), ("scale_b", scale_b, (groups, blocks, -(-n // SCALE_BLOCK)))),
+    )
+    return rows, n, k, groups
+
+
+def scaled_ragged_call(rows: int, n: int, k: int, groups: int, dtype, out_dtype) -> Call:
+    """The Call of a block-scaled grouped GEMM (ragged_m; A and B K-major)."""
+    return Call("ragged_m", rows, n, k, groups, "k", "k", dtype_name(dtype), dtype_name(out_dtype))
+
+
+def scaled_ragged_dot(
+    a, b, scale_a, scale_b, group_sizes, *, out_dtype=jnp.bfloat16, plan: Plan | None = None, device=None
+):
+    """Binds the block-scaled grouped GEMM with `plan`, or with a fresh plan
+    (the planner's kernel row, or the float32 fallback with the same semantics)."""
+    rows, n, k, groups = _check(a, b, scale_a, scale_b, group_sizes, out_dtype)
+    out_dtype = np.dtype(out_dtype)
+    plan = plans.choose(scaled_ragged_call(rows, n, k, groups, a.dtype, out_dtype), plan, device, _WHO)
+    return scaled_ragged_local_p.bind(a, b, scale_a, scale_b, group_sizes, out_dtype=out_dtype, plan=plan)

@@ -1,0 +1,163 @@
+"""The block-scaled fp8 grouped GEMM (ragged_m): its fallback against a
+float64 product of the dequantized operands under the size rule, its
+trace-time checks, the plans it gets (its row only when pinned until a GPU has
+run it) and ragged_dot's routing of QArrays through it."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_cluster
+from jax_cluster import _ffi
+from jax_cluster.planning import tables
+from jax_cluster.planning.device import DeviceInfo
+from jax_cluster.planning.grouped import plan_ragged
+from jax_cluster.primitives.scaled_ragged import scaled_ragged_dot
+
+E4M3 = jnp.float8_e4m3fn
+H200 = DeviceInfo("cuda", "described H200", (9, 0), 132, 232448, 50 << 20)
+BLOCK = tables.SCALE_BLOCK
+
+
+def _operands(key, rows, n, k, groups):
+    ka, kb, ksa, ksb = jax.random.split(key, 4)
+    a = jax.random.normal(ka, (rows, k), jnp.float32).astype(E4M3)
+    b = jax.random.normal(kb, (groups, n, k), jnp.float32).astype(E4M3)
+    scale_a = jax.random.uniform(ksa, (rows, k // BLOCK), jnp.float32, 0.5, 2.0)
+    scale_b = jax.random.uniform(ksb, (groups, k // BLOCK, -(-n // BLOCK)), jnp.float32, 0.5, 2.0)
+    return a, b, scale_a, scale_b
+
+
+def _reference(a, b, scale_a, scale_b, sizes):
+    """Each group's rows times its dequantized weight in float64; a negative
+    size counts as 0, groups are cut at the rows, rows past them are zero."""
+    rows, n = a.shape[0], b.shape[1]
+    a = np.asarray(a, np.float64) * np.repeat(np.asarray(scale_a, np.float64), BLOCK, axis=1)
+    per_column = np.repeat(np.asarray(scale_b, np.float64), BLOCK, axis=2)[:, :, :n]
+    b = np.asarray(b, np.float64) * np.repeat(per_column, BLOCK, axis=1).transpose(0, 2, 1)
+    out, start = np.zeros((rows, n)), 0
+    for g, size in enumerate(sizes):
+        end = min(start + max(size, 0), rows)
+        out[start:end] = a[start:end] @ b[g].T
+        start = end
+    return out
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [[64, 0, 100, 92], [-5, 200, 0, 3], [10, 20, 30, 40], [300, 100, 0, 0]],
+    ids=["uneven", "negative", "sum<rows", "sum>rows"],
+)
+def test_the_fallback_is_the_grouped_product_of_the_dequantized_operands(sizes):
+    rows, n, k = 256, 200, 384
+    a, b, sa, sb = _operands(jax.random.key(len(sizes) + sum(sizes)), rows, n, k, len(sizes))
+    group_sizes = jnp.asarray(sizes, jnp.int32)
+    out = jax.jit(lambda *xs: scaled_ragged_dot(*xs, out_dtype=jnp.float32))(a, b, sa, sb, group_sizes)
+    ref = _reference(a, b, sa, sb, sizes)
+    assert out.shape == (rows, n) and out.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-4 * np.abs(ref).max())
+    bf16 = scaled_ragged_dot(a, b, sa, sb, group_sizes)  # eager, bfloat16 by default
+    assert bf16.dtype == jnp.bfloat16
+    assert np.linalg.norm(np.asarray(bf16, np.float64) - ref) / np.linalg.norm(ref) < 5e-3
+
+
+def test_bad_operands_are_refused_at_trace_time():
+    a, b, sa, sb = _operands(jax.random.key(0), 64, 256, 256, 3)
+    sizes = jnp.asarray([20, 20, 24], jnp.int32)
+    cases = [
+        ((a[:, :200], b[:, :, :200], sa, sb, sizes), ValueError, "multiple of the scale block"),
+        ((a, b[:, :, :128], sa, sb, sizes), ValueError, "contracting dimensions differ"),
+        ((a.astype(jnp.bfloat16), b, sa, sb, sizes), TypeError, "must hold fp8 values"),
+        ((a, b.astype(jnp.float8_e5m2), sa, sb, sizes), TypeError, r"b must hold fp8 values \(float8_e4m3fn\)"),
+        ((a, b, sa.T, sb, sizes), ValueError, r"scale_a must be float32 \[64, 2\]"),
+        ((a, b, sa, sb[:, :, :1], sizes), ValueError, r"scale_b must be float32 \[3, 2, 2\]"),
+        ((a, b, sa, sb, sizes[:2]), ValueError, r"group_sizes must be int32 \[3\]"),
+        ((a, b, sa, sb, sizes.astype(jnp.int16)), ValueError, "group_sizes must be int32"),
+        ((a, b[0], sa, sb, sizes), ValueError, r"b \[G, N, K\]"),
+    ]
+    for operands, error, match in cases:
+        with pytest.raises(error, match=match):
+            jax.eval_shape(lambda *xs: scaled_ragged_dot(*xs), *operands)
+    with pytest.raises(TypeError, match="output must be one of"):
+        jax.eval_shape(lambda *xs: scaled_ragged_dot(*xs, out_dtype=jnp.float16), a, b, sa, sb, sizes)
+
+
+def _grouped_scaled_row() -> str | None:
+    names = _ffi.compiled_variant_names()
+    return next(
+        (
+            v.name
+            for v in tables.load_menu()
+            if v.dtype in tables.BLOCK_SCALED_DTYPES and v.problem == "ragged_m" and v.name in names
+        ),
+        None,
+    )
+
+
+def _plan(m, n, k, groups, **kw):
+    args = dict(problem="ragged_m", dtype=E4M3, out_dtype=jnp.bfloat16, a_major="k", b_major="k", device=H200)
+    return plan_ragged(m, n, k, groups, **{**args, **kw})
+
+
+@pytest.mark.skipif(_grouped_scaled_row() is None, reason="the extension has no compiled block-scaled grouped row")
+def test_hopper_takes_the_unvalidated_grouped_row_only_when_pinned():
+    row = _grouped_scaled_row()
+    assert not next(v for v in tables.load_menu() if v.name == row).validated
+    unpinned = _plan(65536, 2048, 7168, 256)
+    assert unpinned.path == "xla" and "has not run on a GPU yet" in unpinned.reason
+    pinned = _plan(65536, 2048, 7168, 256, variant=row)
+    assert pinned.path == "kernel" and pinned.variant == row and pinned.schedule == "dynamic"
+    assert _plan(65536, 2048, 7168, 256, tile=(128, 128, 128)).variant == row
+
+
+@pytest.mark.parametrize(
+    "kw,why",
+    [
+        (dict(problem="ragged_k"), "split the rows"),
+        (dict(b_major="n"), "K-major"),
+        (dict(k=200), "not a multiple of the scale block"),
+        (dict(out_dtype=jnp.float16), "write bf16 or f32 from e4m3 inputs"),
+    ],
+)
+def test_grouped_fp8_rules_send_other_calls_to_xla(kw, why):
+    k = kw.pop("k", 256)
+    p = plan_ragged(
+        512,
+        256,
+        k,
+        8,
+        **{"problem": "ragged_m", "dtype": E4M3, "out_dtype": jnp.bfloat16, "a_major": "k", "b_major": "k", **kw},
+        device=H200,
+    )
+    assert p.path == "xla" and why in p.reason, p.reason
+
+
+@pytest.mark.skipif(_grouped_scaled_row() is None, reason="the extension has no compiled block-scaled grouped row")
+@pytest.mark.parametrize("rhs_layout", ["gkn", "gnk"])
+def test_ragged_dot_of_qarrays_under_a_pinned_plan_binds_the_scaled_op(rhs_layout):
+    pytest.importorskip("qwix")
+    rows, n, k, sizes = 256, 256, 256, [100, 0, -3, 120]
+    kx, kw = jax.random.split(jax.random.key(5))
+    x = jax.random.normal(kx, (rows, k), jnp.float32)
+    w = jax.random.normal(kw, (len(sizes), k, n) if rhs_layout == "gkn" else (len(sizes), n, k), jnp.float32)
+    qx, qw = jax_cluster.quantize(x), jax_cluster.quantize(w, block=(128, 128))
+    group_sizes = jnp.asarray(sizes, jnp.int32)
+    plan = _plan(rows, n, k, len(sizes), variant=_grouped_scaled_row())
+
+    def run(qx, qw, group_sizes):
+        return jax_cluster.ragged_dot(qx, qw, group_sizes, rhs_layout=rhs_layout, plan=plan)
+
+    assert "jax_cluster_scaled_ragged_dot_local" in str(jax.make_jaxpr(run)(qx, qw, group_sizes))
+    out = jax.jit(run)(qx, qw, group_sizes)  # the CPU runs the op's float32 fallback
+    dx, dw = jax_cluster.dequantize(qx), jax_cluster.dequantize(qw)
+    dw = dw if rhs_layout == "gkn" else dw.transpose(0, 2, 1)
+    ref, start = np.zeros((rows, n)), 0
+    for g, size in enumerate(sizes):
+        end = min(start + max(size, 0), rows)
+        ref[start:end] = np.asarray(dx, np.float64)[start:end] @ np.asarray(dw, np.float64)[g]
+        start = end
+    assert out.dtype == jnp.bfloat16
+    assert np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref) < 5e-3
+    unpinned = jax.make_jaxpr(lambda *xs: jax_cluster.ragged_dot(*xs, rhs_layout=rhs_layout))(qx, qw, group_sizes)
+    assert "jax_cluster_scaled_ragged_dot_local" not in str(unpinned)  # no validated row: dequantized bf16
