@@ -132,6 +132,24 @@ def time_torch(torch, m, n, k, iterations) -> float:
     return bench_ragged.torch_event_ms(torch, fn, args, iterations)
 
 
+def results_payload(rows: list[dict], torch, **extra) -> dict:
+    """The JSON of an fp8 benchmark run: its rows, what they ran on, and the summary."""
+    return {
+        "device": common.device_name(),
+        "jax_version": jax.__version__,
+        "torch_version": getattr(torch, "__version__", None),
+        "commit": common.run_record()["commit"],
+        "timing": "CUPTI kernel time (JAX); CUDA events around back-to-back calls (torch)",
+        **extra,
+        "summary": {
+            "geomean_jc_vs_torch": bench_ragged.geomean(r.get("jc_vs_torch") for r in rows),
+            "geomean_jc_vs_bf16": bench_ragged.geomean(r.get("jc_vs_bf16") for r in rows),
+            "max_rel_err_vs_dequantized_f32": max((r.get("rel_err_vs_dequantized_f32", 0) for r in rows), default=None),
+        },
+        "rows": rows,
+    }
+
+
 def plot(payload, path):
     rows = [r for r in payload["rows"] if r.get("jc_ms") and r.get("torch_ms")]
     common.plot_pairs(
@@ -189,21 +207,7 @@ def main(argv=None):
             row["torch_tflops"] = flops(m, n, k) / row["torch_ms"] / 1e9
         rows.append(row)
         print(json.dumps(row), flush=True)
-        payload = {
-            "device": common.device_name(),
-            "jax_version": jax.__version__,
-            "torch_version": getattr(torch, "__version__", None),
-            "commit": common.run_record()["commit"],
-            "timing": "CUPTI kernel time (JAX); CUDA events around back-to-back calls (torch)",
-            "summary": {
-                "geomean_jc_vs_torch": bench_ragged.geomean(r.get("jc_vs_torch") for r in rows),
-                "geomean_jc_vs_bf16": bench_ragged.geomean(r.get("jc_vs_bf16") for r in rows),
-                "max_rel_err_vs_dequantized_f32": max(
-                    (r.get("rel_err_vs_dequantized_f32", 0) for r in rows), default=None
-                ),
-            },
-            "rows": rows,
-        }
+        payload = results_payload(rows, torch)
         common.write_results(common.results_dir(args.out), "fp8_dense", payload, plot)
     print(json.dumps(payload["summary"], indent=1))
 

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import bench_fp8_dense  # noqa: E402
 import bench_ragged  # noqa: E402
 import common  # noqa: E402
 
@@ -201,22 +202,7 @@ def main(argv=None):
     for shape in SHAPES:
         rows.append(measure(*shape, torch, why_no_torch, args.iterations))
         print(json.dumps(rows[-1]), flush=True)
-        payload = {
-            "device": common.device_name(),
-            "jax_version": jax.__version__,
-            "torch_version": getattr(torch, "__version__", None),
-            "commit": common.run_record()["commit"],
-            "timing": "CUPTI kernel time (JAX); CUDA events around back-to-back calls (torch)",
-            "routing": "uniform group sizes",
-            "summary": {
-                "geomean_jc_vs_torch": bench_ragged.geomean(r.get("jc_vs_torch") for r in rows),
-                "geomean_jc_vs_bf16": bench_ragged.geomean(r.get("jc_vs_bf16") for r in rows),
-                "max_rel_err_vs_dequantized_f32": max(
-                    (r.get("rel_err_vs_dequantized_f32", 0) for r in rows), default=None
-                ),
-            },
-            "rows": rows,
-        }
+        payload = bench_fp8_dense.results_payload(rows, torch, routing="uniform group sizes")
         common.write_results(common.results_dir(args.out), "fp8_grouped", payload, plot)
     print(json.dumps(payload["summary"], indent=1))
 
