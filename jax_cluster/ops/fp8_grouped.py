@@ -26,6 +26,8 @@ def scaled_grouped_product(lhs, rhs, group_sizes, rhs_layout: str, out_dtype, pl
     """lhs . rhs[g] over each group's rows on the block-scaled grouped kernel,
     [M, N]; None when no kernel plan takes it. group_sizes is int32 [G]."""
     values = lhs.qvalue
+    if values.ndim != 2 or rhs.qvalue.ndim != 3:
+        return None  # the dequantized path names the shapes it wants
     if values.dtype != rhs.qvalue.dtype or jnp.dtype(values.dtype) not in SCALED_DTYPES:
         return None
     if plan is not None and plan.call.dtype not in BLOCK_SCALED_DTYPES:

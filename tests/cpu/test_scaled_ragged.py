@@ -161,3 +161,11 @@ def test_ragged_dot_of_qarrays_under_a_pinned_plan_binds_the_scaled_op(rhs_layou
     assert np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref) < 5e-3
     unpinned = jax.make_jaxpr(lambda *xs: jax_cluster.ragged_dot(*xs, rhs_layout=rhs_layout))(qx, qw, group_sizes)
     assert "jax_cluster_scaled_ragged_dot_local" not in str(unpinned)  # no validated row: dequantized bf16
+
+
+def test_ragged_dot_of_qarrays_of_the_wrong_rank_names_the_shapes():
+    pytest.importorskip("qwix")
+    qx = jax_cluster.quantize(jnp.ones((2, 128, 256), jnp.float32))
+    qw = jax_cluster.quantize(jnp.ones((2, 256, 128), jnp.float32), block=(128, 128))
+    with pytest.raises(ValueError, match=r"lhs must be \[M,K\]"):
+        jax_cluster.ragged_dot(qx, qw, jnp.asarray([64, 64], jnp.int32))
