@@ -77,7 +77,7 @@ for part in ${STEPS:-tests bench grid}; do
            XLA_PYTHON_CLIENT_PREALLOCATE=false "$PYTEST" -q -rs -p no:cacheprovider ${XDIST:--n 8} \
              tests/gpu/test_gpu_sweep.py 2>&1 | tee "$LOGS/sweep.log" | tail -15 ;;
     sanitize) step "compute-sanitizer memcheck and racecheck over every kernel variant and schedule"
-           JAX_CLUSTER_SANITIZE_LOGS="$LOGS" "$PYTEST" -q -rs -s -p no:cacheprovider ${XDIST:--n 2} tests/gpu/test_gpu_sanitizer.py 2>&1 | tee "$LOGS/sanitizer.log" | tail -15 ;;
+           JAX_CLUSTER_SANITIZE_LOGS="$LOGS" "$PYTEST" -q -rs -s -p no:cacheprovider ${XDIST:--n 3} tests/gpu/test_gpu_sanitizer.py 2>&1 | tee "$LOGS/sanitizer.log" | tail -15 ;;
     smoke) step "smoke: the dense GEMM tests (the size grid aside), stopping at the first failure"
            "$PYTEST" -q -x -p no:cacheprovider -k "not size_grid" tests/gpu/test_gpu_gemm.py 2>&1 | tee "$LOGS/smoke.log" | tail -8 ;;
     hostcost) step "host cost per call: default, XLA's command buffers off, kernel calls as their own thunks"

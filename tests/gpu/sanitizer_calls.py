@@ -5,8 +5,9 @@ under memcheck and racecheck; scripts/gpu_check.sh's `sanitize` step too).
 Each call is a problem of a few tiles with ragged edges, so the kernels'
 boundary handling runs; the output is checked against a reference (XLA's
 dot, or the host for grouped calls) so a silent wrong answer fails as well.
-Prints one line per call and "calls: N, failures: F". An argument, a regex,
-limits the calls to the variants whose names it matches.
+Prints one line per call and "calls: N, failures: F". Arguments, regexes,
+limit the calls to the variants whose names match all of them; when none
+does, it says so and exits with 2.
 """
 
 import re
@@ -117,7 +118,7 @@ def _scaled_grouped(v, key):
 
 
 def main(argv) -> int:
-    only = re.compile(argv[0] if argv else "")  # a regex on variant names: part of the menu only
+    only = [re.compile(pattern) for pattern in argv]  # regexes on variant names: a name must match all
     dev = describe()
     if dev.arch is None or not _ffi.with_kernels():
         print(f"nothing to run: {_ffi.why_no_kernels() or dev.describe()}")
@@ -126,7 +127,7 @@ def main(argv) -> int:
     calls = failures = 0
     key = jax.random.key(0)
     for v in tables.load_menu():
-        if v.arch != dev.arch or v.name not in compiled or not only.search(v.name):
+        if v.arch != dev.arch or v.name not in compiled or not all(p.search(v.name) for p in only):
             continue
         for schedule in v.schedules if v.problem == "dense" else v.schedules[:1]:
             key, sub = jax.random.split(key)
@@ -145,7 +146,7 @@ def main(argv) -> int:
             print(f"relative error {err:.2e} {'ok' if ok else 'FAIL'}", flush=True)
     print(f"calls: {calls}, failures: {failures}")
     if not calls:
-        print(f"no compiled variant of {dev.arch} matches {only.pattern!r}")
+        print(f"no compiled variant of {dev.arch} matches {[p.pattern for p in only]}")
         return 2
     return 1 if failures else 0
 

@@ -1,11 +1,16 @@
 """compute-sanitizer over one small call of every kernel variant and schedule
 (sanitizer_calls.py): memcheck and racecheck report nothing. Each buffer is
 its own allocation (XLA_PYTHON_CLIENT_ALLOCATOR=platform), so an access past
-one is seen rather than landing inside XLA's pool. JAX_CLUSTER_SANITIZE_VARIANTS,
-a regex, limits the calls to the variants it matches (none matching fails).
-The tool's output streams to JAX_CLUSTER_SANITIZE_LOGS/sanitizer_<tool>.log
-(a temporary folder by default), so a run cut off by a time limit still
-shows how far it got."""
+one is seen rather than landing inside XLA's pool.
+
+Each kernel family runs in a process of its own: memcheck's process has died
+at the first grouped call after dense calls, with no report of its own
+(docs/performance.md), which left every later call unchecked.
+JAX_CLUSTER_SANITIZE_VARIANTS, a regex, limits the calls to the variants it
+matches; a family with no match is skipped, saying so. The tool's output
+streams to JAX_CLUSTER_SANITIZE_LOGS/sanitizer_<tool>_<family>.log (a
+temporary folder by default), so a run cut off by a time limit still shows
+how far it got."""
 
 import os
 import pathlib
@@ -21,20 +26,27 @@ SANITIZER = shutil.which("compute-sanitizer") or next(
     (str(p) for p in pathlib.Path("/usr/local/cuda/bin").glob("compute-sanitizer")), None
 )
 CALLS = pathlib.Path(__file__).with_name("sanitizer_calls.py")
+FAMILIES = {  # regexes on variant names
+    "dense": r"^sm\d+_gemm_(?!.*blockwise)",
+    "block_scaled": r"blockwise",
+    "grouped": r"^sm\d+_grouped_gemm_(?!.*blockwise)",
+}
+NO_MATCH = 2  # sanitizer_calls.py's exit status when no compiled variant matches
 
 
 @pytest.mark.skipif(SANITIZER is None, reason="compute-sanitizer is not installed")
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
-def test_every_kernel_is_clean_under_compute_sanitizer(tool):
+def test_every_kernel_is_clean_under_compute_sanitizer(tool, family):
     env = dict(os.environ, XLA_PYTHON_CLIENT_ALLOCATOR="platform", XLA_PYTHON_CLIENT_PREALLOCATE="false")
     env["PYTHONFAULTHANDLER"] = "1"  # a crash under the tool leaves the Python stack in the log
     logs = pathlib.Path(os.environ.get("JAX_CLUSTER_SANITIZE_LOGS") or tempfile.mkdtemp())
     logs.mkdir(parents=True, exist_ok=True)
-    log_path = logs / f"sanitizer_{tool}.log"
+    log_path = logs / f"sanitizer_{tool}_{family}.log"
     command = [SANITIZER, "--tool", tool, "--error-exitcode", "3", sys.executable, str(CALLS)]
     with log_path.open("w") as log_file:
         run = subprocess.run(
-            [*command, os.environ.get("JAX_CLUSTER_SANITIZE_VARIANTS", "")],
+            [*command, FAMILIES[family], os.environ.get("JAX_CLUSTER_SANITIZE_VARIANTS", "")],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             text=True,
@@ -43,6 +55,8 @@ def test_every_kernel_is_clean_under_compute_sanitizer(tool):
         )
     output = log_path.read_text()
     tail = output[-8000:]
+    if run.returncode == NO_MATCH and "no compiled variant" in output:
+        pytest.skip(f"no compiled {family} variant matches JAX_CLUSTER_SANITIZE_VARIANTS here")
     assert run.returncode == 0, tail
     summary = [line for line in output.splitlines() if line.startswith("calls: ")]
     assert summary and summary[-1].endswith(", failures: 0"), tail
