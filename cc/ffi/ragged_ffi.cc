@@ -6,11 +6,11 @@
 #include "ffi/ragged_ffi.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -77,14 +77,16 @@ std::string problem_from_buffers(const VariantEntry& v, const ffi::AnyBuffer& a,
   return "";
 }
 
-// "" when `scale` is float32 with dimensions `want`, else what is wrong with it.
+// "" when `scale` is float32 with dimensions `want`, else what is wrong with it
+// (per call: no allocation unless something is wrong).
+template <size_t Rank>
 std::string check_scale(const char* label, const ffi::AnyBuffer& scale,
-                        const std::vector<int64_t>& want) {
+                        const std::array<int64_t, Rank>& want) {
   if (scale.element_type() != ffi::DataType::F32)
     return std::string(label) + " must be float32, got " + dtype_name(scale.element_type());
   auto got = scale.dimensions();
-  if (got.size() != want.size() || !std::equal(want.begin(), want.end(), got.begin()))
-    return std::string(label) + " must be " + dims(want) + "; got " + dims(got);
+  if (got.size() != Rank || !std::equal(want.begin(), want.end(), got.begin()))
+    return std::string(label) + " must be " + dims({want.data(), Rank}) + "; got " + dims(got);
   return "";
 }
 
@@ -97,8 +99,9 @@ std::string scales_from_buffers(const ffi::AnyBuffer& scale_a, const ffi::AnyBuf
     return "K = " + std::to_string(p->k) + " is not a multiple of the scale block " +
            std::to_string(kScaleBlock);
   int64_t k_blocks = p->k / kScaleBlock, n_blocks = (p->n + kScaleBlock - 1) / kScaleBlock;
-  if (std::string err = check_scale("scale_a", scale_a, {p->m, k_blocks}); !err.empty()) return err;
-  if (std::string err = check_scale("scale_b", scale_b, {p->batch, k_blocks, n_blocks});
+  if (std::string err = check_scale<2>("scale_a", scale_a, {p->m, k_blocks}); !err.empty())
+    return err;
+  if (std::string err = check_scale<3>("scale_b", scale_b, {p->batch, k_blocks, n_blocks});
       !err.empty())
     return err;
   p->scale_a = static_cast<const float*>(scale_a.untyped_data());

@@ -234,9 +234,8 @@ def xla_scaled_ragged(a, b, scale_a, scale_b, group_sizes, *, out_dtype, plan):
     rows, n = a.shape[0], b.shape[1]
     if group_sizes.shape[0] == 0:
         return jnp.zeros((rows, n), out_dtype)
-    a32 = a.astype(jnp.float32) * jnp.repeat(scale_a, SCALE_BLOCK, axis=1)
-    per_column = jnp.repeat(scale_b, SCALE_BLOCK, axis=2)[:, :, :n]  # [G, K/128, N]
-    b32 = b.astype(jnp.float32) * jnp.repeat(per_column, SCALE_BLOCK, axis=1).transpose(0, 2, 1)
+    a32 = a.astype(jnp.float32) * block_scales(scale_a.T, rows, 1)  # scale_a is [rows, K/128]
+    b32 = b.astype(jnp.float32) * jax.vmap(lambda s: block_scales(s, n, SCALE_BLOCK))(scale_b)
     dims = lax.RaggedDotDimensionNumbers((((1,), (2,)), ((), ())), lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
     sizes = clamp_group_sizes(group_sizes, rows)
     out = lax.ragged_dot_general(
