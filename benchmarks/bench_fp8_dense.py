@@ -8,11 +8,14 @@ QArrays with a [K,N] weight, which transposes its fp8 values first.
 torch: `torch._scaled_mm` with row-wise scales (one per row of A and column
 of B; it refuses 128x128 blocks on the H200), an outside reference only.
 jc_bf16: `jax_cluster.matmul` on the bf16 operands (its planner's choice,
-the kernel or XLA's dot). jax_cluster's results are checked against the
+the kernel or XLA's dot). XLA, side by side: its own fp8 path from jnp
+(e4m3 operands times per-tensor float32 scales, which XLA's GEMM rewriter
+hands to cuBLASLt's fp8 GEMM; xla_fp8_ms, with the kernels it ran) and its
+bf16 dot (xla_bf16_ms). jax_cluster's results are checked against the
 float32 product of the dequantized operands first. Device time: CUPTI for
 JAX, CUDA events for torch (bench_ragged.torch_event_ms); inputs rotate past
 L2. Writes fp8_dense.json (rows[] with the shape, jc_ms, jc_op_ms, torch_ms,
-jc_bf16_ms and their ratios) and a PNG.
+jc_bf16_ms, xla_fp8_ms, xla_bf16_ms and their ratios) and a PNG.
 
     python benchmarks/bench_fp8_dense.py --out benchmarks/results/h200
     python benchmarks/bench_fp8_dense.py --list
@@ -28,6 +31,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import bench_ragged  # noqa: E402
@@ -116,6 +120,39 @@ def time_bf16(m, n, k, iterations) -> float:
     return timing.cupti_ms(jax_cluster.matmul, args, iterations)
 
 
+def xla_fp8_dot(a, b, scale_a, scale_b):
+    """XLA's fp8 GEMM as jnp users write it: dequantize by per-tensor scales,
+    then contract K of A [M,K] with K of B [N,K]; XLA fuses both into one
+    cuBLASLt fp8 call."""
+    a = a.astype(jnp.bfloat16) * scale_a.astype(jnp.bfloat16)
+    b = b.astype(jnp.bfloat16) * scale_b.astype(jnp.bfloat16)
+    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.bfloat16)
+
+
+def time_xla(m, n, k, iterations) -> dict:
+    """XLA's fp8 path (ms and the kernels it ran) and its bf16 dot, or why they cannot run."""
+    row = {}
+    sets = timing.rotation(m * k + n * k + 2 * m * n)
+    args = []
+    for key in jax.random.split(jax.random.key(13), sets):
+        ka, kb, ks = jax.random.split(key, 3)
+        scales = jax.random.uniform(ks, (2,), jnp.float32, 0.5, 2.0)
+        a = jax.random.normal(ka, (m, k), jnp.float32).astype(E4M3)
+        b = jax.random.normal(kb, (n, k), jnp.float32).astype(E4M3)
+        args.append((a, b, scales[0], scales[1]))
+    try:
+        row["xla_fp8_ms"], kernels = timing.cupti_kernels(xla_fp8_dot, args, iterations)
+        row["xla_fp8_kernels"] = [name for name, _ in kernels]
+    except Exception as exc:  # a contender that cannot run records why
+        row["xla_fp8_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    bf16_args = [(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16).T) for a, b, _, _ in args]
+    try:
+        row["xla_bf16_ms"] = timing.cupti_ms(jnp.dot, bf16_args, iterations)
+    except Exception as exc:
+        row["xla_bf16_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    return row
+
+
 def time_torch(torch, m, n, k, iterations) -> float:
     sets = timing.rotation(m * k + n * k + 2 * m * n)
     args = []
@@ -132,6 +169,16 @@ def time_torch(torch, m, n, k, iterations) -> float:
     return bench_ragged.torch_event_ms(torch, fn, args, iterations)
 
 
+def add_ratios(row: dict, work: float) -> None:
+    """jax_cluster's TFLOP/s and its speed-up over each contender that ran."""
+    row["jc_tflops"] = work / row["jc_ms"] / 1e9
+    row["jc_vs_bf16"] = row["jc_bf16_ms"] / row["jc_ms"] if row.get("jc_bf16_ms") else None
+    row["jc_vs_torch"] = row["torch_ms"] / row["jc_ms"] if row.get("torch_ms") else None
+    for contender in ("xla_fp8", "xla_bf16"):
+        if row.get(f"{contender}_ms"):
+            row[f"jc_vs_{contender}"] = row[f"{contender}_ms"] / row["jc_ms"]
+
+
 def results_payload(rows: list[dict], torch, **extra) -> dict:
     """The JSON of an fp8 benchmark run: its rows, what they ran on, and the summary."""
     return {
@@ -144,6 +191,8 @@ def results_payload(rows: list[dict], torch, **extra) -> dict:
         "summary": {
             "geomean_jc_vs_torch": bench_ragged.geomean(r.get("jc_vs_torch") for r in rows),
             "geomean_jc_vs_bf16": bench_ragged.geomean(r.get("jc_vs_bf16") for r in rows),
+            "geomean_jc_vs_xla_fp8": bench_ragged.geomean(r.get("jc_vs_xla_fp8") for r in rows),
+            "geomean_jc_vs_xla_bf16": bench_ragged.geomean(r.get("jc_vs_xla_bf16") for r in rows),
             "max_rel_err_vs_dequantized_f32": max((r.get("rel_err_vs_dequantized_f32", 0) for r in rows), default=None),
         },
         "rows": rows,
@@ -196,13 +245,12 @@ def main(argv=None):
             row["jc_ms"] = row["jc_op_ms"] = None
             row["jc_error"] = plan.reason
         row["jc_bf16_ms"] = time_bf16(m, n, k, args.iterations)
+        row.update(time_xla(m, n, k, args.iterations))
         row["torch_ms"] = time_torch(torch, m, n, k, args.iterations) if torch is not None else None
         if torch is None:
             row["torch_error"] = why_no_torch
         if row["jc_ms"]:
-            row["jc_tflops"] = flops(m, n, k) / row["jc_ms"] / 1e9
-            row["jc_vs_bf16"] = row["jc_bf16_ms"] / row["jc_ms"]
-            row["jc_vs_torch"] = row["torch_ms"] / row["jc_ms"] if row["torch_ms"] else None
+            add_ratios(row, flops(m, n, k))
         if row["torch_ms"]:
             row["torch_tflops"] = flops(m, n, k) / row["torch_ms"] / 1e9
         rows.append(row)

@@ -1,20 +1,22 @@
 """Block-scaled fp8 grouped GEMMs (MoE expert products): jax_cluster's
-grouped kernel against torch's row-wise scaled grouped GEMM and jax_cluster's
-own bf16 `ragged_dot`, in one process.
+grouped kernel against torch's row-wise scaled grouped GEMM, XLA's
+`lax.ragged_dot` and jax_cluster's own bf16 `ragged_dot`, in one process.
 
 jax_cluster ("jc"): the block-scaled grouped kernel (ragged_m) on rows [M,K]
 in 1x128 tiles and each expert's weight [N,K] in 128x128 blocks, float32
-scales (DeepSeek-V3's recipe), bf16 out. Its row has not run on a GPU before
-this benchmark's first run, so the plan pins it (variant=). torch:
+scales (DeepSeek-V3's recipe), bf16 out, as the planner picks it. torch:
 `torch._scaled_grouped_mm` with row-wise scales (one per row of A and per
-output column of each expert), an outside reference only. jc_bf16:
-`jax_cluster.ragged_dot` on the bf16 operands. Group sizes are uniform, so
-every contender sees the same groups (torch wants 16-row multiples). The
-kernel's result is checked against the float32 product of the dequantized
-operands first; a contender that cannot run a case records why. Device time:
+output column of each expert), an outside reference only. XLA has no fp8
+grouped GEMM: xla_bf16 is `lax.ragged_dot` on the bf16 operands, which
+expands the groups densely and cannot run the largest layers (its error is
+recorded). jc_bf16: `jax_cluster.ragged_dot` on the bf16 operands. Group
+sizes are uniform, so every contender sees the same groups (torch wants
+16-row multiples). The kernel's result is checked first against the float32
+product of the dequantized operands, on sampled rows of the first, middle
+and last group; a contender that cannot run a case records why. Device time:
 CUPTI for JAX, CUDA events for torch; inputs rotate past L2. Writes
-fp8_grouped.json (rows[] with the shape, jc_ms, torch_ms, jc_bf16_ms and
-their ratios) and a PNG.
+fp8_grouped.json (rows[] with the shape, jc_ms, torch_ms, xla_bf16_ms,
+jc_bf16_ms and their ratios) and a PNG.
 
     python benchmarks/bench_fp8_grouped.py --out benchmarks/results/h200
     python benchmarks/bench_fp8_grouped.py --list
@@ -30,6 +32,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import bench_fp8_dense  # noqa: E402
@@ -60,6 +63,7 @@ SHAPES = [
     ("dbrx gate", TOKENS * 4, 16, 6144, 10752),
 ]
 REL_ERR_BOUND = 1e-2  # against the dequantized float32 product, bf16 out
+CHECKED_ROWS = 256  # per sampled group: the reference is one group's dense product
 
 
 def flops(rows, n, k) -> float:
@@ -85,18 +89,30 @@ def kernel_operands(rows, groups, k, n):
 
 
 def check(plan, operands) -> float:
-    out = jax.jit(lambda *xs: scaled_ragged_dot(*xs, plan=plan))(*operands)
-    ref = jax.jit(lambda *xs: xla_scaled_ragged(*xs, out_dtype=jnp.float32, plan=plan))(*operands)
-    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    """Relative error of the kernel against the float32 product of the
+    dequantized operands, on up to CHECKED_ROWS rows of the first, middle and
+    last group (a reference over every group would expand them all)."""
+    a, b, scale_a, scale_b, sizes = operands
+    out = np.asarray(jax.jit(lambda *xs: scaled_ragged_dot(*xs, plan=plan))(*operands), np.float64)
     if not np.isfinite(out).all():
         return float("inf")
-    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+    starts = np.concatenate([[0], np.cumsum(np.asarray(sizes))])
+    one_group = jax.jit(lambda *xs: xla_scaled_ragged(*xs, out_dtype=jnp.float32, plan=plan))
+    got, want = [], []
+    for g in sorted({0, len(sizes) // 2, len(sizes) - 1}):
+        lo, hi = int(starts[g]), int(min(starts[g + 1], starts[g] + CHECKED_ROWS))
+        if hi > lo:
+            size = jnp.asarray([hi - lo], jnp.int32)
+            want.append(np.asarray(one_group(a[lo:hi], b[g : g + 1], scale_a[lo:hi], scale_b[g : g + 1], size)))
+            got.append(out[lo:hi])
+    got, want = np.concatenate(got), np.concatenate(want).astype(np.float64)
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
-def time_bf16(rows, groups, k, n, iterations) -> float:
+def bf16_operands(rows, groups, k, n):
     sets = timing.rotation(2 * (rows * k + groups * k * n + rows * n))
     keys = jax.random.split(jax.random.key(11), 2 * sets)
-    args = [
+    return [
         (
             common.randn(keys[2 * i], (rows, k), jnp.bfloat16),
             common.randn(keys[2 * i + 1], (groups, k, n), jnp.bfloat16),
@@ -104,6 +120,17 @@ def time_bf16(rows, groups, k, n, iterations) -> float:
         )
         for i in range(sets)
     ]
+
+
+def time_xla_bf16(args, iterations) -> dict:
+    """XLA's `lax.ragged_dot` on the bf16 operands, or why it cannot run them."""
+    try:
+        return {"xla_bf16_ms": timing.cupti_ms(lax.ragged_dot, args, iterations)}
+    except Exception as exc:  # e.g. its dense expansion does not fit: record it
+        return {"xla_bf16_error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def time_bf16(args, iterations) -> float:
     return timing.cupti_ms(jax_cluster.ragged_dot, args, iterations)
 
 
@@ -141,9 +168,8 @@ def plot(payload, path):
 
 def measure(model, rows, groups, k, n, torch, why_no_torch, iterations) -> dict:
     row = {"model": model, "rows": rows, "groups": groups, "k": k, "n": n}
-    variant = grouped_row()
     plan = None
-    if variant is None:
+    if grouped_row() is None:
         row["jc_error"] = "no block-scaled grouped row is compiled for this device"
     elif k % tables.SCALE_BLOCK:
         row["jc_error"] = f"K = {k} is not a multiple of the scale block {tables.SCALE_BLOCK}"
@@ -158,9 +184,8 @@ def measure(model, rows, groups, k, n, torch, why_no_torch, iterations) -> dict:
             out_dtype=jnp.bfloat16,
             a_major="k",
             b_major="k",
-            variant=variant,
         )
-        row["variant"] = plan.variant
+        row["path"], row["variant"] = plan.path, plan.variant
     if plan is not None and plan.uses_kernel:
         args = kernel_operands(rows, groups, k, n)
         row["rel_err_vs_dequantized_f32"] = check(plan, args[0])
@@ -170,7 +195,10 @@ def measure(model, rows, groups, k, n, torch, why_no_torch, iterations) -> dict:
             row["jc_error"] = "wrong result"
     elif plan is not None:
         row["jc_error"] = plan.reason
-    row["jc_bf16_ms"] = time_bf16(rows, groups, k, n, iterations)
+    bf16_args = bf16_operands(rows, groups, k, n)
+    row["jc_bf16_ms"] = time_bf16(bf16_args, iterations)
+    row.update(time_xla_bf16(bf16_args, iterations))
+    del bf16_args
     if torch is None:
         row["torch_error"] = why_no_torch
     else:
@@ -179,9 +207,7 @@ def measure(model, rows, groups, k, n, torch, why_no_torch, iterations) -> dict:
         except Exception as exc:  # an outside reference: record why, keep going
             row["torch_error"] = f"{type(exc).__name__}: {exc}"[:300]
     if row.get("jc_ms"):
-        row["jc_tflops"] = flops(rows, n, k) / row["jc_ms"] / 1e9
-        row["jc_vs_bf16"] = row["jc_bf16_ms"] / row["jc_ms"]
-        row["jc_vs_torch"] = row["torch_ms"] / row["jc_ms"] if row.get("torch_ms") else None
+        bench_fp8_dense.add_ratios(row, flops(rows, n, k))
     if row.get("torch_ms"):
         row["torch_tflops"] = flops(rows, n, k) / row["torch_ms"] / 1e9
     return row

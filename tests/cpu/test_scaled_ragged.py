@@ -1,7 +1,9 @@
 """The block-scaled fp8 grouped GEMM (ragged_m): its fallback against a
 float64 product of the dequantized operands under the size rule, its
-trace-time checks, the plans it gets (its row only when pinned until a GPU has
-run it) and ragged_dot's routing of QArrays through it."""
+trace-time checks, the plans it gets (and that a row no GPU has run is taken
+only when pinned) and ragged_dot's routing of QArrays through it."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -101,13 +103,22 @@ def _plan(m, n, k, groups, **kw):
 
 
 @pytest.mark.skipif(_grouped_scaled_row() is None, reason="the extension has no compiled block-scaled grouped row")
-def test_hopper_takes_the_unvalidated_grouped_row_only_when_pinned():
+def test_hopper_takes_the_grouped_row_unpinned():
     row = _grouped_scaled_row()
-    assert not next(v for v in tables.load_menu() if v.name == row).validated
+    plan = _plan(65536, 2048, 7168, 256)
+    assert plan.path == "kernel" and plan.variant == row and plan.schedule == "dynamic"
+    assert _plan(65536, 2048, 7168, 256, tile=(128, 128, 128)).variant == row
+
+
+@pytest.mark.skipif(_grouped_scaled_row() is None, reason="the extension has no compiled block-scaled grouped row")
+def test_a_row_no_gpu_has_run_is_taken_only_when_pinned(monkeypatch):
+    row = _grouped_scaled_row()
+    menu = tuple(dataclasses.replace(v, validated=v.name != row) for v in tables.load_menu())
+    monkeypatch.setattr(tables, "load_menu", lambda *args: menu)
     unpinned = _plan(65536, 2048, 7168, 256)
     assert unpinned.path == "xla" and "has not run on a GPU yet" in unpinned.reason
     pinned = _plan(65536, 2048, 7168, 256, variant=row)
-    assert pinned.path == "kernel" and pinned.variant == row and pinned.schedule == "dynamic"
+    assert pinned.path == "kernel" and pinned.variant == row
     assert _plan(65536, 2048, 7168, 256, tile=(128, 128, 128)).variant == row
 
 
@@ -160,7 +171,7 @@ def test_ragged_dot_of_qarrays_under_a_pinned_plan_binds_the_scaled_op(rhs_layou
     assert out.dtype == jnp.bfloat16
     assert np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref) < 5e-3
     unpinned = jax.make_jaxpr(lambda *xs: jax_cluster.ragged_dot(*xs, rhs_layout=rhs_layout))(qx, qw, group_sizes)
-    assert "jax_cluster_scaled_ragged_dot_local" not in str(unpinned)  # no validated row: dequantized bf16
+    assert "jax_cluster_scaled_ragged_dot_local" not in str(unpinned)  # a CPU host: dequantized bf16
 
 
 def test_ragged_dot_of_qarrays_of_the_wrong_rank_names_the_shapes():

@@ -87,8 +87,8 @@ def _grouped_row() -> str:
 @pytest.mark.parametrize("rhs_layout", ["gkn", "gnk"])
 @pytest.mark.parametrize("sizes", [[300, 0, 1, 211], [-4, 640, 0, 5, 77], [128] * 9], ids=str)
 def test_quantized_ragged_dot_on_the_grouped_kernel(sizes, rhs_layout):
-    """Pinned (the row has not been validated yet): uneven, empty, negative and
-    tile-sized groups, rows past the groups exact zeros."""
+    """Pinned to the row: uneven, empty, negative and tile-sized groups, rows
+    past the groups exact zeros."""
     rows, k, n = 768, 512, 384
     ka, kb = jax.random.split(fresh_key())
     x = jax.random.normal(ka, (rows, k), jnp.float32)
@@ -121,3 +121,21 @@ def test_quantized_ragged_dot_on_the_grouped_kernel(sizes, rhs_layout):
     assert _rel(out, ref) < 5e-3
     assert (out[start:] == 0).all()  # rows past the groups
     assert np.array_equal(np.asarray(run(qx, qw, gs), np.float64), out)  # repeatable bit for bit
+
+
+def test_the_planner_takes_the_grouped_kernel_for_quantized_ragged_dot():
+    """No plan given: a QArray ragged_dot of a kernel-sized call runs the
+    block-scaled grouped kernel, not the dequantized bf16 path."""
+    rows, k, n, sizes = 1024, 768, 512, [256, 0, 300, 468]
+    ka, kb = jax.random.split(fresh_key())
+    qx = jax_cluster.quantize(jax.random.normal(ka, (rows, k), jnp.float32))
+    qw = jax_cluster.quantize(jax.random.normal(kb, (len(sizes), k, n), jnp.float32), block=(128, 128))
+    gs = jnp.asarray(sizes, jnp.int32)
+    run = jax.jit(jax_cluster.ragged_dot)
+    assert tables.FFI_TARGETS["scaled_ragged_dot"] in run.lower(qx, qw, gs).as_text()
+    out = np.asarray(run(qx, qw, gs), np.float64)
+    dx, dw = np.asarray(jax_cluster.dequantize(qx), np.float64), np.asarray(jax_cluster.dequantize(qw), np.float64)
+    ref = np.concatenate(
+        [dx[a:b] @ dw[g] for g, (a, b) in enumerate(zip(np.cumsum([0, *sizes[:-1]]), np.cumsum(sizes)))]
+    )
+    assert _rel(out, ref) < 5e-3
