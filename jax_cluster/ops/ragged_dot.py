@@ -71,9 +71,8 @@ def ragged_dot(
     matrix) give a bfloat16 result by default. They run the block-scaled
     grouped kernel under a plan that takes it (plan_ragged(M, N, K, G,
     problem="ragged_m", dtype=jnp.float8_e4m3fn, out_dtype=..., a_major="k",
-    b_major="k", variant=...): its row has not run on a GPU yet, so only a
-    pinned plan does), without group_offset; otherwise they are dequantized
-    to bfloat16 and run the bf16 grouped path.
+    b_major="k"), group_offset included; otherwise they are dequantized to
+    bfloat16 and run the bf16 grouped path.
 
     Differentiable in lhs and rhs: d_lhs is the same grouped product with
     rhs read transposed in place, d_rhs[g] = lhs_g^T dy_g. vmap runs a loop
@@ -88,11 +87,18 @@ def ragged_dot(
         out = preferred_element_type if preferred_element_type is not None else jnp.bfloat16
         group_sizes = jnp.asarray(group_sizes)
         integral = jnp.issubdtype(group_sizes.dtype, jnp.integer)
-        if integral and group_offset is None and group_sizes.ndim == 1 and rhs_layout in _B_MAJOR:
-            sizes = _int32_sizes(group_sizes, quantized[0].qvalue.shape[0])
+        if integral and group_sizes.ndim == 1 and rhs_layout in _B_MAJOR:
+            rows = quantized[0].qvalue.shape[0]
+            first_row = None
+            if group_offset is None:
+                sizes = _int32_sizes(group_sizes, rows)
+            else:
+                sizes, first_row = _local_groups(
+                    _clipped_int32(group_sizes, rows), group_offset, quantized[1].qvalue.shape[0], rows
+                )
             direct = scaled_grouped_product(*quantized, sizes, rhs_layout, out, plan)
             if direct is not None:
-                return _finish(direct, activation, out_sharding)
+                return _finish(_zero_rows_before(direct, first_row, 1, rows), activation, out_sharding)
         return ragged_dot(
             *(dequantize(q, jnp.bfloat16) for q in quantized),
             group_sizes,
@@ -137,11 +143,17 @@ def ragged_dot(
             out_dtype=preferred_element_type,
             plan=plan,
         )
-    if first_row is not None:  # the rows of other shards' groups were computed against rhs[0]: zero them
-        row = jnp.arange(lhs.shape[0]) % max(rows, 1)
-        keep = (row.reshape(blocks, rows) >= first_row[:, None]).reshape(-1)
-        out = jnp.where(keep[:, None], out, jnp.zeros((), out.dtype))
-    return _finish(out, activation, out_sharding)
+    return _finish(_zero_rows_before(out, first_row, blocks, rows), activation, out_sharding)
+
+
+def _zero_rows_before(out, first_row, blocks, rows):
+    """Under group_offset, the rows of other shards' groups were computed
+    against the first local matrix: zero them (first_row: [blocks])."""
+    if first_row is None:
+        return out
+    row = jnp.arange(out.shape[0]) % max(rows, 1)
+    keep = (row.reshape(blocks, rows) >= first_row[:, None]).reshape(-1)
+    return jnp.where(keep[:, None], out, jnp.zeros((), out.dtype))
 
 
 def _finish(out, activation, out_sharding):

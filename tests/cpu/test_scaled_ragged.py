@@ -174,6 +174,35 @@ def test_ragged_dot_of_qarrays_under_a_pinned_plan_binds_the_scaled_op(rhs_layou
     assert "jax_cluster_scaled_ragged_dot_local" not in str(unpinned)  # a CPU host: dequantized bf16
 
 
+@pytest.mark.skipif(_grouped_scaled_row() is None, reason="the extension has no compiled block-scaled grouped row")
+@pytest.mark.parametrize("offset", [0, 2, 5])
+def test_ragged_dot_of_qarrays_with_group_offset_binds_the_scaled_op(offset):
+    """Expert parallelism in fp8: rhs holds G_local groups from the offset on;
+    rows of every other group are zero."""
+    pytest.importorskip("qwix")
+    rows, n, k, sizes, local = 384, 256, 256, [40, 0, 77, 100, 13, 90], 3
+    kx, kw = jax.random.split(jax.random.key(9))
+    qx = jax_cluster.quantize(jax.random.normal(kx, (rows, k), jnp.float32))
+    qw = jax_cluster.quantize(jax.random.normal(kw, (local, k, n), jnp.float32), block=(128, 128))
+    group_sizes = jnp.asarray(sizes, jnp.int32)
+    plan = _plan(rows, n, k, local, variant=_grouped_scaled_row())
+
+    def run(qx, qw, group_sizes):
+        return jax_cluster.ragged_dot(qx, qw, group_sizes, group_offset=offset, plan=plan)
+
+    assert "jax_cluster_scaled_ragged_dot_local" in str(jax.make_jaxpr(run)(qx, qw, group_sizes))
+    out = np.asarray(jax.jit(run)(qx, qw, group_sizes), np.float64)
+    dx, dw = np.asarray(jax_cluster.dequantize(qx), np.float64), np.asarray(jax_cluster.dequantize(qw), np.float64)
+    ref, start = np.zeros((rows, n)), 0
+    for g, size in enumerate(sizes):
+        end = min(start + size, rows)
+        if offset <= g < offset + local:
+            ref[start:end] = dx[start:end] @ dw[g - offset]
+        start = end
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 5e-3
+    assert not out[(ref == 0).all(axis=1)].any()  # other shards' rows are exact zeros
+
+
 def test_ragged_dot_of_qarrays_of_the_wrong_rank_names_the_shapes():
     pytest.importorskip("qwix")
     qx = jax_cluster.quantize(jnp.ones((2, 128, 256), jnp.float32))

@@ -139,3 +139,25 @@ def test_the_planner_takes_the_grouped_kernel_for_quantized_ragged_dot():
         [dx[a:b] @ dw[g] for g, (a, b) in enumerate(zip(np.cumsum([0, *sizes[:-1]]), np.cumsum(sizes)))]
     )
     assert _rel(out, ref) < 5e-3
+
+
+@pytest.mark.parametrize("offset", [0, 3])
+def test_quantized_ragged_dot_with_group_offset_on_the_grouped_kernel(offset):
+    """Expert parallelism in fp8: the local groups on the kernel, every other
+    group's rows exact zeros."""
+    rows, k, n, sizes, local = 1024, 512, 384, [200, 0, 130, 260, 90, 344], 2
+    ka, kb = jax.random.split(fresh_key())
+    qx = jax_cluster.quantize(jax.random.normal(ka, (rows, k), jnp.float32))
+    qw = jax_cluster.quantize(jax.random.normal(kb, (local, k, n), jnp.float32), block=(128, 128))
+    gs = jnp.asarray(sizes, jnp.int32)
+    run = jax.jit(lambda qx, qw, gs: jax_cluster.ragged_dot(qx, qw, gs, group_offset=offset))
+    assert tables.FFI_TARGETS["scaled_ragged_dot"] in run.lower(qx, qw, gs).as_text()
+    out = np.asarray(run(qx, qw, gs), np.float64)
+    dx, dw = np.asarray(jax_cluster.dequantize(qx), np.float64), np.asarray(jax_cluster.dequantize(qw), np.float64)
+    ref, start = np.zeros((rows, n)), 0
+    for g, size in enumerate(sizes):
+        if offset <= g < offset + local:
+            ref[start : start + size] = dx[start : start + size] @ dw[g - offset]
+        start += size
+    assert _rel(out, ref) < 5e-3
+    assert not out[(ref == 0).all(axis=1)].any()
