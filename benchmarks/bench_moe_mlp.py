@@ -14,7 +14,9 @@ them) and `one_hot` (every token picks experts 0..top_k-1).
 Contenders, each the same MoEMLP layer with another `ragged_dot`:
 - jax_cluster: `jax_cluster.ragged_dot` (the grouped kernels), as the layer
   is by default (`jc_ms`) and with `fuse_gate_up=True` (`jc_fused_ms`: gate
-  and up as one grouped product over the same weights);
+  and up as one grouped product over the same weights) and, with --fp8, in
+  the blockwise fp8 recipe (`jc_fp8_ms`: `MoEMLP(..., fp8="blockwise")`, its
+  three products' operands quantized on the fly; the weights stay bf16);
 - tokamax: `tokamax.ragged_dot(..., implementation="mosaic")`, its default
   config (the backend MaxText picks on GPU);
 - xla: `jax.lax.ragged_dot`;
@@ -73,6 +75,8 @@ SKEW_ALPHA, SEED = 0.5, 20261202
 # bf16 layers against each other (all gradients included): tokamax differs from
 # jax_cluster by 2.6-3.2e-2 on Mixtral, torch by 5e-3; the f32 check is tighter
 MAX_REL_ERR = 5e-2
+# the fp8 recipe against the bf16 layer: e4m3 moves one layer's gradients 4-5%
+MAX_FP8_REL_ERR = 1e-1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +115,8 @@ XLA_PATHS = {
     "xla_grouped_gemm": ("XLA_FLAGS", "--xla_gpu_experimental_use_ragged_dot_grouped_gemm=true"),
     "xla_pallas_triton": ("jax_config", "jax_ragged_dot_use_gpu_pallas_triton_lowering"),
 }
-SMOKE = [Config("smoke-a", 64, 128, 8, 2), Config("smoke-b", 128, 64, 16, 4)]
+# smoke-c: the smallest the fp8 recipe takes (widths and routed rows in multiples of 128)
+SMOKE = [Config("smoke-a", 64, 128, 8, 2), Config("smoke-b", 128, 64, 16, 4), Config("smoke-c", 128, 128, 8, 2)]
 
 
 def assignment(routing: str, tokens: int, experts: int, top_k: int):
@@ -139,7 +144,7 @@ def routed_inputs(experts_of: np.ndarray, num_experts: int):
     return jnp.asarray(order), jnp.asarray(weights.reshape(-1), jnp.float32), jnp.asarray(sizes)
 
 
-def make_layer(cfg: Config, ragged_dot, abstract: bool, fuse_gate_up=False):
+def make_layer(cfg: Config, ragged_dot, abstract: bool, fuse_gate_up=False, fp8=None):
     def build():
         return MoEMLP(
             cfg.features,
@@ -147,6 +152,7 @@ def make_layer(cfg: Config, ragged_dot, abstract: bool, fuse_gate_up=False):
             cfg.experts,
             cfg.top_k,
             fuse_gate_up=fuse_gate_up,
+            fp8=fp8,
             dtype=DTYPE,
             param_dtype=DTYPE,
             ragged_dot=ragged_dot,
@@ -253,7 +259,9 @@ def torch_layer_ms(torch, cfg, state, x, dy, experts_of, weights, sizes, iterati
 # ----------------------------------------------------------------------------- one case
 
 
-def measure(cfg: Config, tokens: int, routing: str, contenders: dict, iterations: int, samples: int, others_too=True):
+def measure(
+    cfg: Config, tokens: int, routing: str, contenders: dict, iterations: int, samples: int, others_too=True, fp8=False
+):
     row = {
         "config": cfg.name,
         "features": cfg.features,
@@ -296,6 +304,17 @@ def measure(cfg: Config, tokens: int, routing: str, contenders: dict, iterations
                 row["jc_fused_error"] = f"wrong: relative error {err:.2e} against jax_cluster"
         except Exception as e:
             row["jc_fused_error"] = bench_ragged.brief(e)
+    if fp8:  # the same weights, the products in the blockwise fp8 recipe
+        row["jc_fp8_ms"] = None
+        try:
+            fp8_step = step_fn(make_layer(cfg, jax_cluster.ragged_dot, abstract=True, fp8="blockwise")[0])
+            row["jc_fp8_rel_err_vs_jc"] = err = agreement(ours, named_outputs(jax.jit(fp8_step)(*args[0])))
+            if err < MAX_FP8_REL_ERR:
+                row["jc_fp8_ms"] = timer(fp8_step, args, iterations)
+            else:
+                row["jc_fp8_error"] = f"wrong: relative error {err:.2e} against jax_cluster's bf16"
+        except Exception as e:  # e.g. widths that are not multiples of 128
+            row["jc_fp8_error"] = bench_ragged.brief(e)
     for name, (ragged_dot, why_not) in contenders.items():
         row[f"{name}_ms"] = None
         if ragged_dot is None:
@@ -382,6 +401,7 @@ def summary(rows) -> dict:
         "geomean_speedup_fused_vs_unfused": geomean(
             r["jc_ms"] / r["jc_fused_ms"] for r in rows if r.get("jc_fused_ms")
         ),
+        "geomean_speedup_fp8_vs_bf16": geomean(r["jc_ms"] / r["jc_fp8_ms"] for r in rows if r.get("jc_fp8_ms")),
     }
 
 
@@ -427,6 +447,7 @@ def main(argv=None):
         type=pathlib.Path,
         help="an earlier moe_mlp.json: its cases are kept, not measured again (a long run split over several)",
     )
+    parser.add_argument("--fp8", action="store_true", help="also jax_cluster's layer in the blockwise fp8 recipe")
     parser.add_argument("--xla-only", choices=sorted(XLA_PATHS), help=argparse.SUPPRESS)
     parser.add_argument("--rows-file", type=pathlib.Path, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
@@ -458,7 +479,7 @@ def main(argv=None):
     tokamax = None if why_no_tokamax else bench_ragged.tokamax_ragged_dot(None)
     contenders = {"tokamax": (tokamax, why_no_tokamax), "xla": (jax.lax.ragged_dot, None)}
     for cfg, routing in todo:
-        row = measure(cfg, tokens, routing, contenders, args.iterations, args.samples)
+        row = measure(cfg, tokens, routing, contenders, args.iterations, args.samples, fp8=args.fp8)
         rows.append(row)
         cells = " ".join(
             f"{k[:-3]} {row[k]:.3f}" if row.get(k) else f"{k[:-3]} -" for k in ("tokamax_ms", "xla_ms", "torch_ms")
