@@ -78,16 +78,26 @@ def header(t) -> str:
         f'{{"{arch}", {major}, {minor}}}' for arch, ccs in t.ARCH_CAPABILITIES.items() for major, minor in ccs
     )
     scaled = ", ".join(f'"{n}"' for n in t.BLOCK_SCALED_DTYPES)
+    storage = {}  # FFI enumerator -> the first dtype name that has it
+    for name in t.DTYPE_BYTES:
+        storage.setdefault(ffi[name], name)
+    values = ", ".join(f'{{"{n}", "{storage[ffi[n]]}"}}' for n in t.DTYPE_BYTES)
     parts = [
         PREAMBLE,
         "// The Plan's kernel fields, in the order of the struct: X(type, name).\n"
         + x_macro("JAX_CLUSTER_PLAN_FIELDS", [(CPP_TYPES[ty], n) for n, ty in t.PLAN_FIELDS]),
-        "// The element types: X(name, bytes, xla::ffi::DataType enumerator).\n"
-        + x_macro("JAX_CLUSTER_DTYPES", [(n, size, ffi[n]) for n, size in t.DTYPE_BYTES.items()]),
+        "// The element types, one per xla::ffi::DataType: X(name, bytes, enumerator).\n"
+        + x_macro("JAX_CLUSTER_DTYPES", [(n, t.DTYPE_BYTES[n], ffi[n]) for n in storage.values()]),
         "namespace jax_cluster {\n",
-        "// fp8 dtypes: their A and B come with float32 block scales (the scaled-GEMM target).\n"
+        "// Each dtype name and the name of the element type its buffers hold\n"
+        "// (mxe4m3's values are e4m3's; only their scales differ).\n"
+        "struct ValueDtype {\n  std::string_view name, value;\n};\n"
+        f"inline constexpr ValueDtype kValueDtypes[] = {{{values}}};\n"
+        "// fp8 dtypes: their A and B come with block scales (the scaled-GEMM target).\n"
         f"inline constexpr std::string_view kBlockScaledDtypes[] = {{{scaled}}};\n"
-        f"inline constexpr int kScaleBlock = {t.SCALE_BLOCK};\n",
+        f"inline constexpr int kScaleBlock = {t.SCALE_BLOCK};\n"
+        f'inline constexpr std::string_view kMxDtype = "{t.MX_DTYPE}";\n'
+        f"inline constexpr int kMxScaleBlock = {t.MX_SCALE_BLOCK};\n",
         "// Enumerator values are positions in the table; k*Names[value] is its name.\n"
         + enum("Schedule", t.SCHEDULES),
         enum("Raster", t.RASTERS),

@@ -43,6 +43,11 @@ struct GemmProblem {
   // (B in 128x128 blocks).
   const float* scale_a = nullptr;
   const float* scale_b = nullptr;
+  // MX (mxe4m3) variants only: one e8m0 byte per 32 values along K, in
+  // CUTLASS's sm100 scale-factor layout (M, resp. N, padded to 128 and K/32
+  // to 4; see primitives/mx_scales.py).
+  const void* mx_scale_a = nullptr;
+  const void* mx_scale_b = nullptr;
 };
 
 // Runtime choices the compiled variant leaves open; all come from the Plan.

@@ -37,11 +37,18 @@ inline int dtype_bytes(xla::ffi::DataType t) {
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The element type a dtype's buffers hold (mxe4m3's values are e4m3).
+constexpr std::string_view value_dtype(std::string_view name) {
+  for (const ValueDtype& row : kValueDtypes)
+    if (row.name == name) return row.value;
+  return name;
+}
+
 // "" when A, B and D have the element types the variant was compiled for.
 inline std::string check_dtypes(const VariantEntry& v, const xla::ffi::AnyBuffer& a,
                                 const xla::ffi::AnyBuffer& b, const xla::ffi::AnyBuffer& d) {
-  if (std::string(dtype_name(a.element_type())) == v.dtype &&
-      std::string(dtype_name(b.element_type())) == v.dtype &&
+  const std::string_view values = value_dtype(v.dtype);
+  if (dtype_name(a.element_type()) == values && dtype_name(b.element_type()) == values &&
       std::string(dtype_name(d.element_type())) == v.out)
     return "";
   return std::string("dtypes (") + dtype_name(a.element_type()) + ", " +

@@ -1,6 +1,8 @@
 // The block-scaled fp8 GEMM call (kScaledGemmTarget): A [M,K] and B [N,K] in
 // fp8, scale_a [K/128, M] (A's 1x128 tiles) and scale_b [K/128, ceil(N/128)]
-// (B's 128x128 blocks) in float32, K-block-major; D [M,N]. The instantiate
+// (B's 128x128 blocks) in float32, K-block-major; D [M,N]. MX variants
+// (kMxDtype) take e8m0 scales instead, one per 32 values along K of A and B,
+// flat in CUTLASS's sm100 scale-factor layout (primitives/mx_scales.py). The instantiate
 // stage resolves the Plan once per call site; each call checks the buffers
 // and launches on XLA's stream, or returns an ffi::Error naming the problem.
 #include "ffi/scaled_gemm_ffi.h"
@@ -40,11 +42,45 @@ std::string check_scale(const char* label, const ffi::AnyBuffer& scale, int64_t 
   return "";
 }
 
+// Bytes of an [rows, K] operand's MX scales in the kernel's layout: rows
+// padded to 128 and K/32 to 4 (CUTLASS's 128 x 4 scale-factor atom).
+int64_t mx_layout_size(int64_t rows, int64_t k) {
+  int64_t blocks = (k + kMxScaleBlock - 1) / kMxScaleBlock;
+  return (rows + 127) / 128 * 128 * ((blocks + 3) / 4 * 4);
+}
+
+// "" when `scale` is e8m0 [size], else what is wrong with it.
+std::string check_mx_scale(const char* label, const ffi::AnyBuffer& scale, int64_t size) {
+  auto dims = scale.dimensions();
+  if (scale.element_type() != ffi::DataType::F8E8M0FNU)
+    return std::string(label) + " must be float8_e8m0fnu (MX scales)";
+  if (dims.size() != 1 || dims[0] != size)
+    return std::string(label) + " must be [" + std::to_string(size) +
+           "] (the kernel's scale-factor layout)";
+  if (!aligned16(scale.untyped_data())) return std::string(label) + " must be 16-byte aligned";
+  return "";
+}
+
+std::string mx_problem(const ffi::AnyBuffer& scale_a, const ffi::AnyBuffer& scale_b,
+                       GemmProblem* p) {
+  if (std::string err = check_mx_scale("scale_a", scale_a, mx_layout_size(p->m, p->k));
+      !err.empty())
+    return err;
+  if (std::string err = check_mx_scale("scale_b", scale_b, mx_layout_size(p->n, p->k));
+      !err.empty())
+    return err;
+  p->mx_scale_a = scale_a.untyped_data();
+  p->mx_scale_b = scale_b.untyped_data();
+  return "";
+}
+
 std::string scaled_problem(const VariantEntry& v, const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
                            const ffi::AnyBuffer& scale_a, const ffi::AnyBuffer& scale_b,
                            const ffi::AnyBuffer& d, GemmProblem* p) {
   if (std::string err = dense_problem(v, a, b, d, p); !err.empty()) return err;
   if (p->batch != 1) return "operands must be rank 2 (no batch)";
+  // the MX kernel's K tile is kScaleBlock deep too
+  if (v.dtype == kMxDtype && p->k % kScaleBlock == 0) return mx_problem(scale_a, scale_b, p);
   if (p->k % kScaleBlock)
     return "K = " + std::to_string(p->k) + " is not a multiple of the scale block " +
            std::to_string(kScaleBlock);

@@ -50,23 +50,30 @@ struct BiasActEpilogue {  // D = act(alpha * A·B + beta * C + bias[n])
 // partial sums before adding them to the fp32 accumulators.
 struct PlainOperands {
   static constexpr bool kBlockScaled = false;
+  using OpClass = cutlass::arch::OpClassTensorOp;
+  template <class ElementAB>
+  using Value = ElementAB;  // what A's and B's buffers hold
   template <int Stages, int EpilogueBytes>
   using StageCount = cutlass::gemm::collective::StageCount<Stages>;
   template <class Layout>
   using LayoutA = Layout;
   template <class Layout>
   using LayoutB = Layout;
-  template <class MainloopArguments, class ElementAB, class StrideA, class StrideB>
-  static MainloopArguments mainloop(const GemmProblem&, int, int, const void* a, StrideA sa,
-                                    const void* b, StrideB sb) {
+  template <class Mainloop, class ElementAB, class StrideA, class StrideB>
+  static typename Mainloop::Arguments mainloop(const GemmProblem&, int, int, const void* a,
+                                               StrideA sa, const void* b, StrideB sb) {
     return {static_cast<const ElementAB*>(a), sa, static_cast<const ElementAB*>(b), sb};
   }
+  static bool has_scales(const GemmProblem&) { return true; }
 };
 
 // A in 1 x kScaleBlock tiles along K, B in kScaleBlock x kScaleBlock blocks;
 // both scale arrays K-block-major (CUTLASS's MN-major scale layout).
 struct BlockScaledOperands {
   static constexpr bool kBlockScaled = true;
+  using OpClass = cutlass::arch::OpClassTensorOp;
+  template <class ElementAB>
+  using Value = ElementAB;
   // CUTLASS's builder sizes this mainloop's pipeline itself (the scales take
   // shared memory too); the menu row names the count it arrives at.
   template <int Stages, int EpilogueBytes>
@@ -78,9 +85,9 @@ struct BlockScaledOperands {
   using LayoutA = cute::tuple<Layout, LayoutSFA>;
   template <class Layout>
   using LayoutB = cute::tuple<Layout, LayoutSFB>;
-  template <class MainloopArguments, class ElementAB, class StrideA, class StrideB>
-  static MainloopArguments mainloop(const GemmProblem& p, int m, int n, const void* a, StrideA sa,
-                                    const void* b, StrideB sb) {
+  template <class Mainloop, class ElementAB, class StrideA, class StrideB>
+  static typename Mainloop::Arguments mainloop(const GemmProblem& p, int m, int n, const void* a,
+                                               StrideA sa, const void* b, StrideB sb) {
     auto shape = cute::make_shape(m, n, p.k, p.batch);
     return {static_cast<const ElementAB*>(a),
             sa,
@@ -90,6 +97,40 @@ struct BlockScaledOperands {
             ScaleConfig::tile_atom_to_shape_SFA(shape),
             p.scale_b,
             ScaleConfig::tile_atom_to_shape_SFB(shape)};
+  }
+  static bool has_scales(const GemmProblem& p) {
+    return p.scale_a != nullptr && p.scale_b != nullptr;
+  }
+};
+
+// MXFP8 on sm100 (ElementAB is cutlass::mx_float8_t<...>): A and B K-major
+// fp8 with one e8m0 scale per 32 values along K, which the block-scaled UMMA
+// applies itself; the scales in CUTLASS's sm100 scale-factor layout
+// (Sm1xxBlockScaledConfig), which the FFI handler checks by size.
+struct MxScaledOperands {
+  static constexpr bool kBlockScaled = true;
+  using OpClass = cutlass::arch::OpClassBlockScaledTensorOp;
+  template <class ElementAB>
+  using Value = typename ElementAB::DataType;
+  template <int Stages, int EpilogueBytes>
+  using StageCount = cutlass::gemm::collective::StageCountAutoCarveout<EpilogueBytes>;
+  template <class Layout>
+  using LayoutA = Layout;
+  template <class Layout>
+  using LayoutB = Layout;
+  template <class Mainloop, class ElementAB, class StrideA, class StrideB>
+  static typename Mainloop::Arguments mainloop(const GemmProblem& p, int m, int n, const void* a,
+                                               StrideA sa, const void* b, StrideB sb) {
+    using Config = typename Mainloop::Sm1xxBlkScaledConfig;
+    using ElementSF = typename ElementAB::ScaleFactorType;
+    auto shape = cute::make_shape(m, n, p.k, p.batch);
+    return {static_cast<const Value<ElementAB>*>(a),     sa,
+            static_cast<const Value<ElementAB>*>(b),     sb,
+            static_cast<const ElementSF*>(p.mx_scale_a), Config::tile_atom_to_shape_SFA(shape),
+            static_cast<const ElementSF*>(p.mx_scale_b), Config::tile_atom_to_shape_SFB(shape)};
+  }
+  static bool has_scales(const GemmProblem& p) {
+    return p.mx_scale_a != nullptr && p.mx_scale_b != nullptr;
   }
 };
 
@@ -214,7 +255,7 @@ template <class Arch, class ElementAB, class ElementD, class LayoutA, class Layo
           class EpilogueSchedule, class TileScheduler, class Epilogue = PlainEpilogue,
           bool SwapAB = false, class Operands = PlainOperands>
 struct CutlassUniversalGemm {
-  static constexpr int kAlignAB = 16 / sizeof(ElementAB);
+  static constexpr int kAlignAB = 16 / sizeof(typename Operands::template Value<ElementAB>);
   static constexpr int kAlignD = 16 / sizeof(ElementD);
   // bias[n] of the fused epilogue would become a per-row bias of D^T
   static_assert(!(SwapAB && Epilogue::kFused), "swapped variants have the plain epilogue only");
@@ -224,13 +265,13 @@ struct CutlassUniversalGemm {
       std::conditional_t<SwapAB, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      Arch, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      Arch, typename Operands::OpClass, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
       typename Epilogue::template ElementC<ElementD>, LayoutD, kAlignD, ElementD, LayoutD, kAlignD,
       EpilogueSchedule, typename Epilogue::template FusionOp<ElementD>>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      Arch, cutlass::arch::OpClassTensorOp, ElementAB, typename Operands::template LayoutA<LayoutA>,
+      Arch, typename Operands::OpClass, ElementAB, typename Operands::template LayoutA<LayoutA>,
       kAlignAB, ElementAB, typename Operands::template LayoutB<LayoutB>, kAlignAB, float, TileShape,
       ClusterShape,
       typename Operands::template StageCount<
@@ -264,8 +305,7 @@ struct CutlassUniversalGemm {
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
         {m, n, p.k, p.batch},
-        Operands::template mainloop<typename CollectiveMainloop::Arguments, ElementAB>(p, m, n, a,
-                                                                                       sa, b, sb),
+        Operands::template mainloop<CollectiveMainloop, ElementAB>(p, m, n, a, sa, b, sb),
         {{}, nullptr, sd, static_cast<ElementD*>(p.d), sd}};
     const EpilogueArgs& e = p.epilogue;
     args.epilogue.thread.alpha = e.alpha;
@@ -307,8 +347,7 @@ struct CutlassUniversalGemm {
       return "stream-K and split-K need the stream-K scheduler, which this variant lacks";
     if (!Epilogue::kFused && !p.epilogue.is_identity())
       return "this variant has no fused epilogue (bias, activation, C)";
-    if (Operands::kBlockScaled && (p.scale_a == nullptr || p.scale_b == nullptr))
-      return "a block-scaled variant needs the scales of A and B";
+    if (!Operands::has_scales(p)) return "a block-scaled variant needs the scales of A and B";
     if (p.epilogue.beta != 0.0f && p.epilogue.c == nullptr) return "beta is not 0 but C is missing";
     auto args = arguments(p, c, s);
     if (Gemm::get_workspace_size(args) > workspace_bytes)

@@ -7,8 +7,8 @@ stored [G, K, N] ("gkn") or [G, N, K] ("gnk"). The kernel reads each group's
 B as [N, K], so "gkn" transposes rhs's fp8 values (1 byte each) and keeps its
 scales, and "gnk" transposes only the scales. `scaled_grouped_product`
 returns None where no kernel plan takes the call (the planner has no
-validated row, another GPU, a CPU, e5m2, a plan of another dtype): the op
-then dequantizes to bfloat16.
+validated row, another GPU, a CPU, e5m2, MXFP8 operands, a plan of another
+dtype): the op then dequantizes to bfloat16.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ def scaled_grouped_product(lhs, rhs, group_sizes, rhs_layout: str, out_dtype, pl
     values = lhs.qvalue
     if values.ndim != 2 or rhs.qvalue.ndim != 3:
         return None  # the dequantized path names the shapes it wants
+    if lhs.scale.dtype != jnp.float32:
+        return None  # MXFP8: no grouped kernel takes its scales
     if values.dtype != rhs.qvalue.dtype or jnp.dtype(values.dtype) not in SCALED_DTYPES:
         return None
     if plan is not None and plan.call.dtype not in BLOCK_SCALED_DTYPES:

@@ -7,11 +7,16 @@ per block. Two block shapes cover DeepSeek-V3's recipe:
   (1, 128)   activations: each row's K split into tiles of 128;
   (128, 128) weights: [K, N] (or each group's [K, N] of a [G, K, N] stack)
              in 128 x 128 blocks.
+MXFP8 (the OCP microscaling format, which Blackwell's tensor cores read):
+e4m3 values with one power-of-two scale (e8m0) per 32 values along the
+contraction, `qtype` "mxfp8":
+  (1, 32)    activations [M, K], and weights stored [N, K];
+  (32, 1)    weights stored [K, N] (each group's of a [G, K, N] stack).
 The block names the last two axes; leading axes (a group axis) get a scale
-each. Dense products run on the block-scaled fp8 kernel where a plan takes
-them (ops/fp8_dense.py); elsewhere, and for grouped products, the ops
-dequantize to bfloat16 and take the bf16 path: the recipe's rounding with
-bf16's speed.
+each. Dense products run on the block-scaled fp8 kernels where a plan takes
+them (ops/fp8_dense.py), grouped ones in DeepSeek-V3's blocks on the grouped
+kernel (ops/fp8_grouped.py); elsewhere the ops dequantize to bfloat16 and
+take the bf16 path: the recipe's rounding with bf16's speed.
 """
 
 from __future__ import annotations
@@ -20,12 +25,16 @@ import sys
 
 import jax.numpy as jnp
 
-from jax_cluster.planning.tables import SCALE_BLOCK
+from jax_cluster.planning.tables import MX_SCALE_BLOCK, SCALE_BLOCK
 
 FP8_DTYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
 # activations' tiles and weights' blocks: the kernels' scale block (tables.SCALE_BLOCK)
 ACTIVATION_BLOCK, WEIGHT_BLOCK = (1, SCALE_BLOCK), (SCALE_BLOCK, SCALE_BLOCK)
-BLOCKS = (ACTIVATION_BLOCK, WEIGHT_BLOCK)
+# MXFP8: 32 values along K share a scale, whichever axis K is
+MX_ROW_BLOCK, MX_COLUMN_BLOCK = (1, MX_SCALE_BLOCK), (MX_SCALE_BLOCK, 1)
+MX_BLOCKS = (MX_ROW_BLOCK, MX_COLUMN_BLOCK)
+BLOCKS = (ACTIVATION_BLOCK, WEIGHT_BLOCK, *MX_BLOCKS)
+MX_SCALE_DTYPE = jnp.dtype(jnp.float8_e8m0fnu)
 _WHO = "jax_cluster.quantize"
 
 
@@ -46,34 +55,46 @@ def is_quantized(x) -> bool:
 
 
 def quantize(x, *, block=ACTIVATION_BLOCK, dtype=jnp.float8_e4m3fn):
-    """x [..., R, C] -> a qwix QArray with float32 scales, one per block of
-    the last two axes (see the module docstring); leading axes are scaled
-    apart. R must be a multiple of block[0] and C of block[1]."""
+    """x [..., R, C] -> a qwix QArray with one scale per block of the last two
+    axes (see the module docstring): float32 for DeepSeek-V3's blocks, e8m0
+    for MXFP8's (e4m3 only); leading axes are scaled apart. R must be a
+    multiple of block[0] and C of block[1]."""
     block, dtype = tuple(block), jnp.dtype(dtype)
     if block not in BLOCKS:
         raise ValueError(f"{_WHO}: block must be one of {BLOCKS}, got {block}")
     if dtype not in FP8_DTYPES:
         raise TypeError(f"{_WHO}: dtype must be float8_e4m3fn or float8_e5m2, got {dtype}")
+    if block in MX_BLOCKS and dtype != jnp.float8_e4m3fn:
+        raise TypeError(f"{_WHO}: MXFP8 blocks {block} hold float8_e4m3fn values, got {dtype}")
     x = jnp.asarray(x)
     if x.ndim < 2:
         raise ValueError(f"{_WHO}: x must have at least two axes (rows, columns), got shape {x.shape}")
     rows, cols = x.shape[-2:]
     if rows % block[0] or cols % block[1]:
         raise ValueError(f"{_WHO}: the last two axes {(rows, cols)} are not multiples of the block {block}")
-    lead = tuple(range(x.ndim - 2))
-    tiled = {x.ndim - 1: block[1]}
-    if block[0] == 1:
-        lead += (x.ndim - 2,)
-    else:
-        tiled[x.ndim - 2] = block[0]
-    return _qwix().quantize(x, dtype, channelwise_axes=lead, tiled_axes=tiled, scale_dtype=jnp.float32)
+    channels, tiled = tuple(range(x.ndim - 2)), {}
+    for axis, size in zip((x.ndim - 2, x.ndim - 1), block):
+        if size == 1:
+            channels += (axis,)
+        else:
+            tiled[axis] = size
+    if block in MX_BLOCKS:  # qwix's MX rounds each scale up to a power of two: no value saturates
+        return _qwix().quantize(x, "mxfp8", channelwise_axes=channels, tiled_axes=tiled, scale_dtype=MX_SCALE_DTYPE)
+    return _qwix().quantize(x, dtype, channelwise_axes=channels, tiled_axes=tiled, scale_dtype=jnp.float32)
 
 
 def dequantize(q, dtype=jnp.float32):
     """The values a QArray stands for, in `dtype`."""
     if not is_quantized(q):
         raise TypeError(f"jax_cluster.dequantize: expected a qwix QArray, got {type(q).__name__}")
+    if q.scale.dtype != jnp.float32:  # qwix multiplies in the scale's dtype: e8m0 holds no fp8 value
+        q = q.replace(scale=q.scale.astype(jnp.float32))
     return _qwix().dequantize(q).astype(dtype)
+
+
+def is_mx(q) -> bool:
+    """Whether a QArray is MXFP8 (e8m0 scales) rather than DeepSeek-V3's float32 blocks."""
+    return jnp.dtype(q.scale.dtype) == MX_SCALE_DTYPE
 
 
 def block_of(q) -> tuple[int, int]:
@@ -92,26 +113,28 @@ def block_of(q) -> tuple[int, int]:
     return tuple(out)
 
 
-def check_operand(who: str, name: str, q, want_block: tuple[int, int]) -> None:
+def check_operand(who: str, name: str, q, want_blocks, scale_dtype=jnp.float32) -> None:
     """A clear error at trace time for a quantized operand the recipe cannot take."""
     if jnp.dtype(q.qvalue.dtype) not in FP8_DTYPES:
         raise TypeError(f"{who}: {name} must hold float8_e4m3fn or float8_e5m2 values, got {q.qvalue.dtype}")
-    if jnp.dtype(q.scale.dtype) != jnp.float32:
-        raise TypeError(f"{who}: {name}'s scales must be float32, got {q.scale.dtype}")
+    if jnp.dtype(q.scale.dtype) != jnp.dtype(scale_dtype):
+        raise TypeError(f"{who}: {name}'s scales must be {jnp.dtype(scale_dtype)}, got {q.scale.dtype}")
     if getattr(q, "zero_point", None) is not None:
         raise ValueError(f"{who}: {name} has a zero point; block-scaled fp8 is symmetric")
     block = block_of(q)
-    if block != want_block:
+    if block not in want_blocks:
+        wanted = " or ".join(f"{r}x{c}" for r, c in want_blocks)
         raise ValueError(
-            f"{who}: {name} must be scaled in {want_block[0]}x{want_block[1]} blocks of its last two axes, "
+            f"{who}: {name} must be scaled in {wanted} blocks of its last two axes, "
             f"got {block[0]}x{block[1]} (values {q.qvalue.shape}, scales {q.scale.shape})"
         )
 
 
 def quantized_operands(who: str, lhs, rhs):
-    """(lhs, rhs) when both are block-scaled fp8 QArrays in the recipe's
-    blocks (lhs 1x128, rhs 128x128), else None when neither is quantized; a
-    mix, or other blocks, is an error."""
+    """(lhs, rhs) when both are block-scaled fp8 QArrays of one format
+    (DeepSeek-V3's: lhs 1x128, rhs 128x128; MXFP8: lhs 1x32, rhs 32x1 or
+    1x32), else None when neither is quantized; a mix, or other blocks, is an
+    error."""
     quantized = is_quantized(lhs), is_quantized(rhs)
     if not any(quantized):
         return None
@@ -120,8 +143,12 @@ def quantized_operands(who: str, lhs, rhs):
             f"{who}: quantize both operands (jax_cluster.quantize: activations in (1, 128) blocks, "
             "weights in (128, 128)) or neither"
         )
-    check_operand(who, "lhs", lhs, ACTIVATION_BLOCK)
-    check_operand(who, "rhs", rhs, WEIGHT_BLOCK)
+    if is_mx(lhs):
+        check_operand(who, "lhs", lhs, (MX_ROW_BLOCK,), MX_SCALE_DTYPE)
+        check_operand(who, "rhs", rhs, MX_BLOCKS, MX_SCALE_DTYPE)
+    else:
+        check_operand(who, "lhs", lhs, (ACTIVATION_BLOCK,))
+        check_operand(who, "rhs", rhs, (WEIGHT_BLOCK,))
     return lhs, rhs
 
 

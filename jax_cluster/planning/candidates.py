@@ -63,7 +63,8 @@ def _block_scaled_problem(call: Call) -> str:
     """What keeps a block-scaled (fp8) call off its kernels: they read A and B
     K-major, K in whole scale blocks; the dense kernel runs one product and
     reads A's scales with TMA (a 16-byte row pitch: M a multiple of 4); the
-    grouped one splits the rows (ragged_m), never the contraction."""
+    grouped one splits the rows (ragged_m), never the contraction. MXFP8
+    (mxe4m3) reads its scales padded, so M is free; its K tile is 128."""
     if call.epilogue != "none":
         return "block-scaled fp8 runs plain products only"
     if call.problem == "ragged_k":
@@ -76,7 +77,10 @@ def _block_scaled_problem(call: Call) -> str:
     if call.problem == "dense" and call.count != 1:
         return "block-scaled fp8 dense products take no batch"
     if call.k % tables.SCALE_BLOCK:
-        return f"K = {call.k} is not a multiple of the scale block {tables.SCALE_BLOCK}"
+        what = "the MX kernel's K tile" if call.dtype == tables.MX_DTYPE else "the scale block"
+        return f"K = {call.k} is not a multiple of {what} {tables.SCALE_BLOCK}"
+    if call.dtype == tables.MX_DTYPE:
+        return "" if call.problem == "dense" else "MXFP8 grouped products have no kernel"
     if call.problem == "dense" and call.m % 4:
         return f"M = {call.m} is not a multiple of 4 (A's scales are read with TMA)"
     return ""

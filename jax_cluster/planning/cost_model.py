@@ -70,7 +70,7 @@ DECODE_TILE_N_MAX = 64
 # SMs; B200: ~2250 TFLOP/s on 148 SMs)
 FLOPS_PER_SM = {"sm90a": 989e12 / 132, "sm100a": 2250e12 / 148}
 # fp8 tensor cores run twice bf16's rate on both archs
-PEAK_SCALE_BY_DTYPE = {"e4m3": 2.0}
+PEAK_SCALE_BY_DTYPE = {"e4m3": 2.0, "mxe4m3": 2.0}
 # HBM bytes/s by the device name CUDA reports; the arch default is the
 # smallest of its family, so "memory-bound" is never claimed too late.
 BANDWIDTH_BY_NAME = {"H200": 4.8e12, "H100": 3.35e12, "B200": 8.0e12, "GB200": 8.0e12}

@@ -31,7 +31,11 @@ KernelFields = dataclasses.make_dataclass(
 )
 KernelFields.__doc__ = "The Plan's kernel fields, as the C++ struct attribute (common/contract.h) has them."
 
-_DTYPE_NAMES = {np.dtype(jnp.dtype(numpy_name)): name for name, numpy_name in tables.NUMPY_DTYPES.items()}
+# numpy's dtype -> the contract's first name for it (float8_e4m3fn is "e4m3";
+# "mxe4m3", the same values with MX scales, is named by the ops that mean it)
+_DTYPE_NAMES: dict = {}
+for _name, _numpy_name in tables.NUMPY_DTYPES.items():
+    _DTYPE_NAMES.setdefault(np.dtype(jnp.dtype(_numpy_name)), _name)
 
 
 def dtype_name(dtype) -> str:

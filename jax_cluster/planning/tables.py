@@ -42,11 +42,18 @@ INPUT_DTYPES: tuple[str, ...] = tuple(n for n, d in _CONTRACT["dtypes"].items() 
 CUTLASS_TYPES: dict[str, str] = {name: d["cutlass"] for name, d in _CONTRACT["dtypes"].items()}
 # What the kernels write from each input dtype.
 OUTPUT_DTYPES: dict[str, tuple[str, ...]] = {n: tuple(d.get("outputs", ())) for n, d in _CONTRACT["dtypes"].items()}
-# fp8 inputs carry float32 block scales and run on the scaled-GEMM target only.
+# fp8 inputs carry block scales and run on the scaled-GEMM target only.
 BLOCK_SCALED_DTYPES: tuple[str, ...] = tuple(n for n, d in _CONTRACT["dtypes"].items() if d.get("block_scaled"))
-# The scale blocks of a block-scaled product: A in 1 x SCALE_BLOCK tiles along
-# K, B in SCALE_BLOCK x SCALE_BLOCK blocks.
-SCALE_BLOCK = 128
+# Each block-scaled dtype's scale block (values per scale along K) and the
+# numpy and FFI dtypes of its scales.
+SCALE_BLOCKS: dict[str, int] = {n: _CONTRACT["dtypes"][n]["scale_block"] for n in BLOCK_SCALED_DTYPES}
+SCALE_NUMPY_DTYPES: dict[str, str] = {n: _CONTRACT["dtypes"][n]["scale_numpy"] for n in BLOCK_SCALED_DTYPES}
+# e4m3 (DeepSeek-V3's recipe): A in 1 x SCALE_BLOCK tiles along K, B in
+# SCALE_BLOCK x SCALE_BLOCK blocks, float32 scales.
+SCALE_BLOCK = SCALE_BLOCKS["e4m3"]
+# mxe4m3 (MXFP8): A and B in 1 x MX_SCALE_BLOCK tiles along K, e8m0 scales.
+MX_DTYPE = "mxe4m3"
+MX_SCALE_BLOCK = SCALE_BLOCKS[MX_DTYPE]
 FFI_DTYPES: dict[str, str] = {name: d["ffi"] for name, d in _CONTRACT["dtypes"].items()}  # xla::ffi::DataType
 # The compute capabilities whose machine code each arch's kernels are.
 ARCH_CAPABILITIES: dict[str, tuple[tuple[int, int], ...]] = {

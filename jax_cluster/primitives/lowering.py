@@ -16,6 +16,7 @@ from jax.interpreters import mlir
 from jax_cluster import _ffi
 from jax_cluster.planning.plan import Plan
 from jax_cluster.planning.tables import ACTIVATIONS, FFI_TARGETS, SCALE_BLOCK
+from jax_cluster.primitives import mx_scales
 from jax_cluster.primitives.activations import apply_epilogue
 from jax_cluster.primitives.operands import gemm_dims, ragged_out_shape
 from jax_cluster.primitives.registry import local_primitive
@@ -144,9 +145,14 @@ def block_scales(scales, rows: int, block: int):
 
 
 def xla_scaled_gemm(a, b, scale_a, scale_b, *, out_dtype, plan):
-    """The portable path: the dequantized operands' product in float32."""
-    a32 = a.astype(jnp.float32) * block_scales(scale_a, a.shape[0], 1)
-    b32 = b.astype(jnp.float32) * block_scales(scale_b, b.shape[0], SCALE_BLOCK)
+    """The portable path: the dequantized operands' product in float32. The
+    scales' dtype names their format: float32 blocks of 128 (e4m3), or e8m0
+    blocks of 32 in the sm100 kernel's layout (mxe4m3)."""
+    if scale_a.dtype == jnp.float8_e8m0fnu:
+        a32, b32 = mx_scales.dequantized(a, scale_a), mx_scales.dequantized(b, scale_b)
+    else:
+        a32 = a.astype(jnp.float32) * block_scales(scale_a, a.shape[0], 1)
+        b32 = b.astype(jnp.float32) * block_scales(scale_b, b.shape[0], SCALE_BLOCK)
     out = lax.dot_general(a32, b32, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST)
     return out.astype(out_dtype)
 

@@ -13,7 +13,8 @@ from jax_cluster.planning.tables import BLOCK_SCALED_DTYPES, NUMPY_DTYPES, OUTPU
 # input ones; f32 operands run on XLA inside the same primitive). fp8 comes
 # with block scales and goes to the block-scaled GEMM alone.
 SUPPORTED_DTYPES = tuple(jnp.dtype(n) for name, n in NUMPY_DTYPES.items() if name not in BLOCK_SCALED_DTYPES)
-SCALED_DTYPES = tuple(jnp.dtype(NUMPY_DTYPES[name]) for name in BLOCK_SCALED_DTYPES)
+# (the fp8 values' numpy dtypes, once each: mxe4m3's values are e4m3's)
+SCALED_DTYPES = tuple(dict.fromkeys(jnp.dtype(NUMPY_DTYPES[name]) for name in BLOCK_SCALED_DTYPES))
 # B's major in the other product of a transpose: [K,N] read as [N,K] and back.
 FLIP_B = {"k": "n", "n": "k"}
 
@@ -30,12 +31,12 @@ def check_dtypes(who, out_dtype, **operands):
         raise TypeError(f"{who}: unsupported output dtype {np.dtype(out_dtype)}")
 
 
-def check_scaled_operands(who, a, b, k: int, out_dtype, scales) -> None:
+def check_scaled_operands(who, a, b, k: int, out_dtype, scales, *, block=SCALE_BLOCK, scale_dtype=jnp.float32) -> None:
     """The block-scaled GEMMs' rules: fp8 values of one format, K in whole
-    scale blocks, an output the kernels write, and float32 scales of the
-    shapes in `scales` ((label, array, wanted shape) each)."""
-    if k % SCALE_BLOCK:
-        raise ValueError(f"{who}: K = {k} is not a multiple of the scale block {SCALE_BLOCK}")
+    scale blocks, an output the kernels write, and scales of `scale_dtype`
+    and the shapes in `scales` ((label, array, wanted shape) each)."""
+    if k % block:
+        raise ValueError(f"{who}: K = {k} is not a multiple of the scale block {block}")
     for name, x in (("a", a), ("b", b)):
         if jnp.dtype(x.dtype) not in SCALED_DTYPES:
             formats = ", ".join(map(str, SCALED_DTYPES))
@@ -46,8 +47,9 @@ def check_scaled_operands(who, a, b, k: int, out_dtype, scales) -> None:
     if dtype_name(out_dtype) not in outputs:
         raise TypeError(f"{who}: the output must be one of {outputs}, got {np.dtype(out_dtype)}")
     for name, scale, want in scales:
-        if scale.dtype != jnp.float32 or tuple(scale.shape) != want:
-            raise ValueError(f"{who}: {name} must be float32 {list(want)}, got {scale.dtype} {list(scale.shape)}")
+        if scale.dtype != scale_dtype or tuple(scale.shape) != want:
+            wanted = jnp.dtype(scale_dtype).name
+            raise ValueError(f"{who}: {name} must be {wanted} {list(want)}, got {scale.dtype} {list(scale.shape)}")
 
 
 def gemm_dims(a_shape, b_shape, a_major, b_major):

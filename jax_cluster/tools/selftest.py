@@ -29,6 +29,7 @@ from jax_cluster.planning.dense import plan_gemm
 from jax_cluster.planning.device import describe
 from jax_cluster.planning.grouped import plan_ragged
 from jax_cluster.planning.tables import ACTIVATIONS
+from jax_cluster.primitives import mx_scales
 from jax_cluster.primitives.activations import apply_epilogue
 from jax_cluster.primitives.epilogue import gemm_epilogue
 from jax_cluster.primitives.gemm import gemm
@@ -44,7 +45,7 @@ from jax_cluster.tuning.accuracy import tolerance
 ODD_SHAPES = [(7, 24, 8), (129, 136, 72), (333, 2056, 1000), (1000, 1016, 4104)]
 # Block-scaled rows need K in whole 128-blocks and M a multiple of 4; N stays odd-sized.
 SCALED_ODD_SHAPES = [(4, 24, 128), (132, 136, 256), (332, 2056, 1024), (1000, 1016, 4096)]
-DTYPES = {"bf16": jnp.bfloat16, "f16": jnp.float16, "f32": jnp.float32, "e4m3": jnp.float8_e4m3fn}
+DTYPES = {name: jnp.dtype(numpy_name) for name, numpy_name in tables.NUMPY_DTYPES.items()}
 
 
 def _boundary_shapes(v: tables.Variant, clusters: int, k: int = 512):
@@ -78,8 +79,8 @@ def dense_plan(v: tables.Variant, schedule: str, m: int, n: int, k: int, device=
         m,
         n,
         k,
-        dtype=DTYPES[v.dtype],
-        out_dtype=DTYPES[v.out],
+        dtype=v.dtype,  # the contract's name: mxe4m3 and e4m3 share numpy's dtype
+        out_dtype=v.out,
         a_major=v.a_major,
         b_major=v.b_major,
         device=device,
@@ -132,12 +133,21 @@ def _check_dense(v: tables.Variant, plans, key) -> list[tuple[float, float]]:
     return [(float(r), float(w)) for r, w in jax.device_get(errors(key))]
 
 
-def scaled_operands(key, m: int, n: int, k: int, dtype):
-    """Random fp8 A [M,K], B [N,K] and float32 block scales in [0.5, 2) in the
-    kernel's layouts (K blocks first)."""
+def scaled_operands(key, m: int, n: int, k: int, dtype, mx: bool = False):
+    """Random fp8 A [M,K], B [N,K] and block scales in the kernel's layouts:
+    float32 in [0.5, 2), K blocks first; or (mx) e8m0 powers of two from 1/4
+    to 4, one per 32 values along K, in the MX kernel's layout."""
     ka, kb, ksa, ksb = jax.random.split(key, 4)
     a = jax.random.normal(ka, (m, k), jnp.float32).astype(dtype)
     b = jax.random.normal(kb, (n, k), jnp.float32).astype(dtype)
+    if mx:
+        blocks = -(-k // tables.MX_SCALE_BLOCK)
+
+        def scales(key, rows):  # e8m0 bytes 125..129: 2^-2 .. 2^2
+            codes = jax.random.randint(key, (rows, blocks), 125, 130).astype(jnp.uint8)
+            return mx_scales.to_kernel_layout(codes.view(jnp.float8_e8m0fnu), k)
+
+        return a, b, scales(ksa, m), scales(ksb, n)
     blocks = k // tables.SCALE_BLOCK
     scale_a = jax.random.uniform(ksa, (blocks, m), jnp.float32, 0.5, 2.0)
     scale_b = jax.random.uniform(ksb, (blocks, -(-n // tables.SCALE_BLOCK)), jnp.float32, 0.5, 2.0)
@@ -152,7 +162,8 @@ def _check_scaled(v: tables.Variant, plans, key) -> list[tuple[float, float]]:
     def errors(key):
         found = []
         for plan, sub in zip(plans, jax.random.split(key, len(plans))):
-            operands = lax.optimization_barrier(scaled_operands(sub, plan.m, plan.n, plan.k, DTYPES[v.dtype]))
+            operands = scaled_operands(sub, plan.m, plan.n, plan.k, DTYPES[v.dtype], v.dtype == tables.MX_DTYPE)
+            operands = lax.optimization_barrier(operands)
             ref = xla_scaled_gemm(*operands, out_dtype=jnp.float32, plan=plan)
             out = scaled_gemm(*operands, out_dtype=DTYPES[v.out], plan=plan)
             found.append(accuracy.errors(out, ref))

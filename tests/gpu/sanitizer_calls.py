@@ -20,6 +20,7 @@ import numpy as np
 from jax_cluster import _ffi
 from jax_cluster.planning import tables
 from jax_cluster.planning.device import describe
+from jax_cluster.primitives import mx_scales
 from jax_cluster.primitives.epilogue import gemm_epilogue
 from jax_cluster.primitives.gemm import gemm
 from jax_cluster.primitives.ragged import ragged
@@ -57,8 +58,12 @@ def _dense(v, schedule, key):
 def _scaled(v, schedule, key):
     m, n, k = 132, v.tile_n + 8, 3 * tables.SCALE_BLOCK  # a ragged last row tile and column tile
     plan = dense_plan(v, schedule, m, n, k)
-    operands = scaled_operands(key, m, n, k, DTYPES[v.dtype])
-    ref = _scaled_reference(*(np.asarray(x, np.float64) for x in operands))
+    mx = v.dtype == tables.MX_DTYPE
+    operands = scaled_operands(key, m, n, k, DTYPES[v.dtype], mx)
+    if mx:
+        ref = _mx_reference(*(np.asarray(x) for x in operands))
+    else:
+        ref = _scaled_reference(*(np.asarray(x, np.float64) for x in operands))
     out = jax.jit(lambda *xs: scaled_gemm(*xs, out_dtype=DTYPES[v.out], plan=plan))(*operands)
     return float(relative_error(np.asarray(out.astype(jnp.float32)), ref))
 
@@ -69,6 +74,18 @@ def _scaled_reference(a, b, scale_a, scale_b):
     a = a * np.repeat(scale_a.T, block, axis=1)
     b = b * np.repeat(np.repeat(scale_b.T, block, axis=0)[: b.shape[0]], block, axis=1)
     return a @ b.T
+
+
+def _mx_reference(a, b, scale_a, scale_b):
+    """The MX product on the host in float64, the scales read back from the
+    kernel's layout (reshapes of host arrays: no XLA kernel)."""
+
+    def dequantized(values, scales):
+        rows, k = values.shape
+        per_block = mx_scales.from_kernel_layout(scales, rows, k).astype(np.float64)
+        return values.astype(np.float64) * np.repeat(per_block, tables.MX_SCALE_BLOCK, axis=1)[:, :k]
+
+    return dequantized(a, scale_a) @ dequantized(b, scale_b).T
 
 
 def _grouped(v, key):

@@ -161,3 +161,21 @@ def test_quantized_ragged_dot_with_group_offset_on_the_grouped_kernel(offset):
         start += size
     assert _rel(out, ref) < 5e-3
     assert not out[(ref == 0).all(axis=1)].any()
+
+
+@pytest.mark.parametrize("m,n,k", [(6, 256, 128), (300, 520, 1024), (4096, 4096, 4096)])
+def test_mx_matmul_runs_the_mx_kernel_and_matches_its_dequantized_values(m, n, k):
+    """MXFP8 on a Blackwell GPU (skips elsewhere): (1, 32) activations times a
+    [K, N] weight in (32, 1) blocks, any M, scales reordered for the kernel."""
+    plan = jax_cluster.plan(m, n, k, dtype=tables.MX_DTYPE, out_dtype=jnp.bfloat16, b_major="k")
+    if plan.path != "kernel":
+        pytest.skip(f"no MX kernel here: {plan.reason}")
+    ka, kb = jax.random.split(fresh_key())
+    qx = jax_cluster.quantize(jax.random.normal(ka, (m, k), jnp.float32), block=(1, 32))
+    qw = jax_cluster.quantize(jax.random.normal(kb, (k, n), jnp.float32), block=(32, 1))
+    run = jax.jit(lambda qx, qw: jax_cluster.matmul(qx, qw))
+    assert tables.FFI_TARGETS["scaled_gemm"] in run.lower(qx, qw).as_text()
+    out = run(qx, qw)
+    ref = np.asarray(jax_cluster.dequantize(qx), np.float64) @ np.asarray(jax_cluster.dequantize(qw), np.float64)
+    assert _rel(out, ref) < 5e-3
+    assert np.array_equal(np.asarray(run(qx, qw)), np.asarray(out))  # repeatable bit for bit

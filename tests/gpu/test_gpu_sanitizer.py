@@ -27,8 +27,8 @@ SANITIZER = shutil.which("compute-sanitizer") or next(
 )
 CALLS = pathlib.Path(__file__).with_name("sanitizer_calls.py")
 FAMILIES = {  # regexes on variant names
-    "dense": r"^sm\d+_gemm_(?!.*blockwise)",
-    "block_scaled": r"blockwise",
+    "dense": r"^sm\d+_gemm_(?!.*(blockwise|_mxe4m3_))",
+    "block_scaled": r"blockwise|_mxe4m3_",
     "grouped": r"^sm\d+_grouped_gemm_(?!.*blockwise)",
 }
 NO_MATCH = 2  # sanitizer_calls.py's exit status when no compiled variant matches

@@ -23,6 +23,8 @@ FUNCTION = re.compile(r"^\s*Function : (\S+)\s*$", re.MULTILINE)
 GEMM_KERNEL = "_ZN7cutlass13device_kernel"  # the ragged rows' helper kernels are not GEMMs
 WORK_QUEUE_FETCH = r"\bATOMG\.E\.ADD\.STRONG\.GPU\b"  # integer add that returns the old value
 CLUSTER_BROADCAST = r"\bSTAS\b"
+# tcgen05.cp: the block-scaled UMMA reads its scale factors from tensor memory
+MX_SCALE_COPY = r"\bUTCCP\b"
 # fence.proxy.tensormap acquire: a grouped kernel rewrites its TMA descriptors per group
 DESCRIPTOR_ACQUIRE = r"\bUTMACCTL\.IV\b"
 
@@ -45,6 +47,9 @@ def required(v: tables.Variant) -> dict[str, str]:
                 need[CLUSTER_BROADCAST] = "tile broadcast to the cluster (st.async)"
     else:
         need[r"\bUTC\w*MMA\b"] = "tcgen05 UMMA"
+        if v.dtype in tables.BLOCK_SCALED_DTYPES:  # MXFP8: fp8 UMMA that reads scales from tensor memory
+            need[r"\bUTCQMMA\b"] = f"fp8 UMMA ({v.dtype})"
+            need[MX_SCALE_COPY] = "scale factors copied from shared to tensor memory (block-scaled UMMA)"
         if v.mma == "2cta":
             need[r"\bUTC\w*MMA\.2CTA"] = "2-CTA UMMA (cta_group::2)"
             need[r"\bUTMALDG\.[\w.]*2CTA"] = "2-SM TMA load"
@@ -66,6 +71,8 @@ def forbidden(v: tables.Variant) -> dict[str, str]:
         return out
     if v.mma == "1cta":
         out[r"\bUTC\w*MMA\.2CTA"] = "2-CTA UMMA in a 1-CTA variant"
+    if v.dtype not in tables.BLOCK_SCALED_DTYPES:
+        out[MX_SCALE_COPY] = "a scale-factor copy in a kernel without block scales"
     if not v.kind.endswith("clc"):
         out[r"\bUGETNEXTWORKID"] = "CLC work fetch in a static variant"
     return out

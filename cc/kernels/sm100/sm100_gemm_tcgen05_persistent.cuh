@@ -8,6 +8,10 @@
 //   operands with 2-SM TMA multicast; 1-SM variants keep each MMA in one CTA.
 // Scheduling: Clc uses CUTLASS's Cluster Launch Control scheduler (the
 //   hardware hands out the next tile); Static strides a persistent grid.
+// MXFP8 rows (TwoSmMx): A [M,K] and B [N,K] in e4m3, both K-major, with one
+//   e8m0 scale per 32 values along K (GemmProblem's mx_scale_a/b, in
+//   CUTLASS's sm100 scale-factor layout); the block-scaled UMMA applies the
+//   scales, the 2-SM pair copies them from shared to tensor memory.
 #pragma once
 
 #include "kernels/cutlass_universal_gemm.cuh"
@@ -17,10 +21,17 @@ namespace jax_cluster::sm100 {
 struct TwoSm {
   using Mainloop = cutlass::gemm::KernelTmaWarpSpecialized2SmSm100;
   using Epilogue = cutlass::epilogue::TmaWarpSpecialized2Sm;
+  using Operands = PlainOperands;
 };
 struct OneSm {
   using Mainloop = cutlass::gemm::KernelTmaWarpSpecialized1SmSm100;
   using Epilogue = cutlass::epilogue::TmaWarpSpecialized1Sm;
+  using Operands = PlainOperands;
+};
+struct TwoSmMx {
+  using Mainloop = cutlass::gemm::KernelTmaWarpSpecialized2SmMxf8f6f4Sm100;
+  using Epilogue = cutlass::epilogue::TmaWarpSpecialized2Sm;
+  using Operands = MxScaledOperands;
 };
 struct Clc {
   using Scheduler = void;  // CUTLASS's default on sm100: Cluster Launch Control
@@ -37,6 +48,6 @@ using GemmTcgen05Persistent =
                          cute::Shape<cute::Int<MmaM>, cute::Int<MmaN>, cute::Int<MmaK>>,
                          cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>, Stages,
                          typename Cta::Mainloop, typename Cta::Epilogue, typename Sched::Scheduler,
-                         Epilogue>;
+                         Epilogue, false, typename Cta::Operands>;
 
 }  // namespace jax_cluster::sm100

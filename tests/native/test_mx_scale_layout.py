@@ -1,0 +1,73 @@
+"""The MX scales' layout (primitives/mx_scales.py) against CUTLASS's own:
+a host program asks CuTe's Sm1xxBlockScaledConfig for the byte of every
+(row, K block) of A's and B's scale factors, and the Python reordering must
+put each scale there. No GPU: CuTe's layouts are host code."""
+
+import importlib.util
+import pathlib
+import shutil
+import subprocess
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_cluster.planning.tables import MX_SCALE_BLOCK
+from jax_cluster.primitives import mx_scales
+
+NVCC = shutil.which("nvcc") or next((str(p) for p in pathlib.Path("/usr/local/cuda/bin").glob("nvcc")), None)
+CUTLASS = importlib.util.find_spec("cutlass_library")
+# (M, N, K): padding in rows and in K blocks, several atoms each way
+SHAPES = [(128, 256, 128), (300, 136, 544), (1000, 8, 4128)]
+
+PROGRAM = """\
+#include <cstdio>
+#include <cstdlib>
+#include <cutlass/detail/sm100_blockscaled_layout.hpp>
+
+// Prints, for A (0) and B (1), every (row, K block) and the byte CUTLASS reads it from.
+int main(int argc, char** argv) {
+  int m = std::atoi(argv[1]), n = std::atoi(argv[2]), k = std::atoi(argv[3]);
+  using Config = cutlass::detail::Sm1xxBlockScaledConfig<%(block)d>;
+  auto shape = cute::make_shape(m, n, k, 1);
+  auto sfa = Config::tile_atom_to_shape_SFA(shape);
+  auto sfb = Config::tile_atom_to_shape_SFB(shape);
+  for (int r = 0; r < m; ++r)
+    for (int kb = 0; kb * %(block)d < k; ++kb) std::printf("0 %%d %%d %%d\\n", r, kb, int(sfa(r, kb * %(block)d, 0)));
+  for (int r = 0; r < n; ++r)
+    for (int kb = 0; kb * %(block)d < k; ++kb) std::printf("1 %%d %%d %%d\\n", r, kb, int(sfb(r, kb * %(block)d, 0)));
+  std::printf("size %%d %%d\\n", int(cute::size(cute::filter_zeros(sfa))), int(cute::size(cute::filter_zeros(sfb))));
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def cutlass_layout(tmp_path_factory):
+    if NVCC is None or CUTLASS is None:
+        pytest.skip("needs nvcc and the nvidia-cutlass headers")
+    include = pathlib.Path(CUTLASS.origin).parent / "source" / "include"
+    folder = tmp_path_factory.mktemp("mx_layout")
+    source, binary = folder / "layout.cu", folder / "layout"
+    source.write_text(PROGRAM % {"block": MX_SCALE_BLOCK})
+    subprocess.run([NVCC, "-std=c++17", "-I", str(include), "-o", str(binary), str(source)], check=True)
+
+    def offsets(m, n, k):
+        lines = subprocess.run([str(binary), str(m), str(n), str(k)], check=True, capture_output=True, text=True)
+        *rows, size = lines.stdout.splitlines()
+        table = np.array([list(map(int, row.split())) for row in rows])
+        return table, tuple(map(int, size.split()[1:]))
+
+    return offsets
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_the_scales_sit_where_cutlass_reads_them(cutlass_layout, m, n, k):
+    table, (size_a, size_b) = cutlass_layout(m, n, k)
+    assert (size_a, size_b) == (mx_scales.layout_size(m, k), mx_scales.layout_size(n, k))
+    for operand, rows in ((0, m), (1, n)):
+        part = table[table[:, 0] == operand]
+        blocks = -(-k // MX_SCALE_BLOCK)
+        # a distinct e8m0 code for every (row, K block): where the reordering puts it
+        codes = (np.arange(rows * blocks) % 250).reshape(rows, blocks).astype(np.uint8)
+        laid = np.asarray(mx_scales.to_kernel_layout(jnp.asarray(codes).view(jnp.float8_e8m0fnu), k).view(jnp.uint8))
+        np.testing.assert_array_equal(laid[part[:, 3]], codes[part[:, 1], part[:, 2]])
