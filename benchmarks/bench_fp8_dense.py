@@ -8,10 +8,11 @@ QArrays with a [K,N] weight, which transposes its fp8 values first.
 torch: `torch._scaled_mm` with row-wise scales (one per row of A and column
 of B; it refuses 128x128 blocks on the H200), an outside reference only.
 jc_bf16: `jax_cluster.matmul` on the bf16 operands (its planner's choice,
-the kernel or XLA's dot). XLA, side by side: its own fp8 path from jnp
-(e4m3 operands times per-tensor float32 scales, which XLA's GEMM rewriter
-hands to cuBLASLt's fp8 GEMM; xla_fp8_ms, with the kernels it ran) and its
-bf16 dot (xla_bf16_ms). jax_cluster's results are checked against the
+the kernel or XLA's dot). XLA, side by side: what it makes of jnp's fp8
+recipe (e4m3 operands times per-tensor float32 scales, then a dot; xla_fp8_ms,
+with the kernels it ran in xla_fp8_kernels: on jax 0.11.2 a dequantizing
+fusion per operand and a bf16 GEMM, not an fp8 one) and its bf16 dot
+(xla_bf16_ms). jax_cluster's results are checked against the
 float32 product of the dequantized operands first. Device time: CUPTI for
 JAX, CUDA events for torch (bench_ragged.torch_event_ms); inputs rotate past
 L2. Writes fp8_dense.json (rows[] with the shape, jc_ms, jc_op_ms, torch_ms,
@@ -121,9 +122,9 @@ def time_bf16(m, n, k, iterations) -> float:
 
 
 def xla_fp8_dot(a, b, scale_a, scale_b):
-    """XLA's fp8 GEMM as jnp users write it: dequantize by per-tensor scales,
-    then contract K of A [M,K] with K of B [N,K]; XLA fuses both into one
-    cuBLASLt fp8 call."""
+    """jnp's fp8 recipe as users write it: dequantize by per-tensor scales,
+    then contract K of A [M,K] with K of B [N,K]; XLA's GEMM rewriter may
+    turn this into an fp8 GEMM (the benchmark records which kernels ran)."""
     a = a.astype(jnp.bfloat16) * scale_a.astype(jnp.bfloat16)
     b = b.astype(jnp.bfloat16) * scale_b.astype(jnp.bfloat16)
     return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.bfloat16)
