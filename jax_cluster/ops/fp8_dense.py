@@ -37,7 +37,7 @@ def scaled_product(lhs, rhs, rhs_contracting: int, out_dtype, plan: Plan | None)
     k = values.shape[-1]
     rows = math.prod(values.shape[:-1])
     a = values.reshape(rows, k)
-    if lhs.scale.dtype == jnp.float8_e8m0fnu:
+    if mx_scales.is_mx_scale(lhs.scale):
         out = _mx_product(a, lhs.scale.reshape(rows, k // MX_SCALE_BLOCK), rhs, rhs_contracting, out_dtype, plan)
     else:
         out = _blockwise_product(a, lhs.scale.reshape(rows, k // SCALE_BLOCK), rhs, rhs_contracting, out_dtype, plan)

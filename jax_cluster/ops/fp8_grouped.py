@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax_cluster.planning.plan import Plan
 from jax_cluster.planning.tables import BLOCK_SCALED_DTYPES, SCALE_BLOCK
 from jax_cluster.primitives import plans
+from jax_cluster.primitives.mx_scales import is_mx_scale
 from jax_cluster.primitives.operands import SCALED_DTYPES
 from jax_cluster.primitives.scaled_ragged import scaled_ragged_call, scaled_ragged_dot
 
@@ -28,7 +29,7 @@ def scaled_grouped_product(lhs, rhs, group_sizes, rhs_layout: str, out_dtype, pl
     values = lhs.qvalue
     if values.ndim != 2 or rhs.qvalue.ndim != 3:
         return None  # the dequantized path names the shapes it wants
-    if lhs.scale.dtype != jnp.float32:
+    if is_mx_scale(lhs.scale):
         return None  # MXFP8: no grouped kernel takes its scales
     if values.dtype != rhs.qvalue.dtype or jnp.dtype(values.dtype) not in SCALED_DTYPES:
         return None

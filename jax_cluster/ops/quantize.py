@@ -26,6 +26,7 @@ import sys
 import jax.numpy as jnp
 
 from jax_cluster.planning.tables import MX_SCALE_BLOCK, SCALE_BLOCK
+from jax_cluster.primitives import mx_scales
 
 FP8_DTYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
 # activations' tiles and weights' blocks: the kernels' scale block (tables.SCALE_BLOCK)
@@ -34,7 +35,7 @@ ACTIVATION_BLOCK, WEIGHT_BLOCK = (1, SCALE_BLOCK), (SCALE_BLOCK, SCALE_BLOCK)
 MX_ROW_BLOCK, MX_COLUMN_BLOCK = (1, MX_SCALE_BLOCK), (MX_SCALE_BLOCK, 1)
 MX_BLOCKS = (MX_ROW_BLOCK, MX_COLUMN_BLOCK)
 BLOCKS = (ACTIVATION_BLOCK, WEIGHT_BLOCK, *MX_BLOCKS)
-MX_SCALE_DTYPE = jnp.dtype(jnp.float8_e8m0fnu)
+MX_SCALE_DTYPE = mx_scales.SCALE_DTYPE
 _WHO = "jax_cluster.quantize"
 
 
@@ -92,11 +93,6 @@ def dequantize(q, dtype=jnp.float32):
     return _qwix().dequantize(q).astype(dtype)
 
 
-def is_mx(q) -> bool:
-    """Whether a QArray is MXFP8 (e8m0 scales) rather than DeepSeek-V3's float32 blocks."""
-    return jnp.dtype(q.scale.dtype) == MX_SCALE_DTYPE
-
-
 def block_of(q) -> tuple[int, int]:
     """The (rows, columns) block of a QArray's last two axes, from its shapes."""
     value, scale = q.qvalue, q.scale
@@ -143,7 +139,7 @@ def quantized_operands(who: str, lhs, rhs):
             f"{who}: quantize both operands (jax_cluster.quantize: activations in (1, 128) blocks, "
             "weights in (128, 128)) or neither"
         )
-    if is_mx(lhs):
+    if mx_scales.is_mx_scale(lhs.scale):
         check_operand(who, "lhs", lhs, (MX_ROW_BLOCK,), MX_SCALE_DTYPE)
         check_operand(who, "rhs", rhs, MX_BLOCKS, MX_SCALE_DTYPE)
     else:

@@ -89,13 +89,7 @@ def ragged_dot(
         integral = jnp.issubdtype(group_sizes.dtype, jnp.integer)
         if integral and group_sizes.ndim == 1 and rhs_layout in _B_MAJOR:
             rows = quantized[0].qvalue.shape[0]
-            first_row = None
-            if group_offset is None:
-                sizes = _int32_sizes(group_sizes, rows)
-            else:
-                sizes, first_row = _local_groups(
-                    _clipped_int32(group_sizes, rows), group_offset, quantized[1].qvalue.shape[0], rows
-                )
+            sizes, first_row = _group_spans(group_sizes, group_offset, quantized[1].qvalue.shape[0], rows)
             direct = scaled_grouped_product(*quantized, sizes, rhs_layout, out, plan)
             if direct is not None:
                 return _finish(_zero_rows_before(direct, first_row, 1, rows), activation, out_sharding)
@@ -123,10 +117,7 @@ def ragged_dot(
         )
     blocks = group_sizes.shape[0] if group_sizes.ndim == 2 else 1
     rows = lhs.shape[0] // blocks if blocks else 0
-    sizes = _int32_sizes(group_sizes, rows) if group_offset is None else _clipped_int32(group_sizes, rows)
-    first_row = None
-    if group_offset is not None:
-        sizes, first_row = _local_groups(sizes, group_offset, rhs.shape[0], rows)
+    sizes, first_row = _group_spans(group_sizes, group_offset, rhs.shape[0], rows)
     if (
         jnp.dtype(dtype) not in SUPPORTED_DTYPES
         or (preferred_element_type is not None and jnp.dtype(preferred_element_type) not in SUPPORTED_DTYPES)
@@ -163,6 +154,14 @@ def _finish(out, activation, out_sharding):
     if output_sharding.constrains(out_sharding, _WHO):
         out = output_sharding.place(out, out_sharding)
     return out
+
+
+def _group_spans(group_sizes, group_offset, local: int, rows: int):
+    """(int32 sizes of the groups the product runs, first rows to zero or
+    None): all groups without group_offset, else the `local` ones from it."""
+    if group_offset is None:
+        return _int32_sizes(group_sizes, rows), None
+    return _local_groups(_clipped_int32(group_sizes, rows), group_offset, local, rows)
 
 
 def _int32_sizes(group_sizes, rows):

@@ -148,7 +148,7 @@ def xla_scaled_gemm(a, b, scale_a, scale_b, *, out_dtype, plan):
     """The portable path: the dequantized operands' product in float32. The
     scales' dtype names their format: float32 blocks of 128 (e4m3), or e8m0
     blocks of 32 in the sm100 kernel's layout (mxe4m3)."""
-    if scale_a.dtype == jnp.float8_e8m0fnu:
+    if mx_scales.is_mx_scale(scale_a):
         a32, b32 = mx_scales.dequantized(a, scale_a), mx_scales.dequantized(b, scale_b)
     else:
         a32 = a.astype(jnp.float32) * block_scales(scale_a, a.shape[0], 1)

@@ -19,11 +19,17 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jax_cluster.planning.tables import MX_SCALE_BLOCK
+from jax_cluster.planning.tables import MX_DTYPE, MX_SCALE_BLOCK, SCALE_NUMPY_DTYPES
 
+SCALE_DTYPE = jnp.dtype(SCALE_NUMPY_DTYPES[MX_DTYPE])  # e8m0
 ROWS_PER_ATOM, BLOCKS_PER_ATOM = 128, 4
 # e8m0 holds 2^(byte - 127): 127 is 1.0, the padding's value (never read as data)
 ONE = 127
+
+
+def is_mx_scale(scale) -> bool:
+    """Whether block scales are MX's (e8m0) rather than float32 blocks of 128."""
+    return jnp.dtype(scale.dtype) == SCALE_DTYPE
 
 
 def padded_shape(rows: int, k: int) -> tuple[int, int]:
@@ -51,7 +57,7 @@ def to_kernel_layout(scales, k: int):
     bits = jnp.asarray(scales).view(jnp.uint8)
     bits = jnp.pad(bits, ((0, padded_rows - rows), (0, padded_blocks - blocks)), constant_values=ONE)
     tiled = _atoms(bits, padded_rows, padded_blocks).transpose(0, 3, 2, 1, 4)
-    return tiled.reshape(-1).view(jnp.float8_e8m0fnu)
+    return tiled.reshape(-1).view(SCALE_DTYPE)
 
 
 def from_kernel_layout(flat, rows: int, k: int):

@@ -29,15 +29,10 @@ from jax_cluster.planning.plan import Plan, dtype_name
 from jax_cluster.planning.tables import MX_DTYPE, MX_SCALE_BLOCK, SCALE_BLOCK
 from jax_cluster.primitives import plans
 from jax_cluster.primitives.lowering import scaled_gemm_local_p
-from jax_cluster.primitives.mx_scales import layout_size
+from jax_cluster.primitives.mx_scales import SCALE_DTYPE, is_mx_scale, layout_size
 from jax_cluster.primitives.operands import check_scaled_operands
 
 _WHO = "jax_cluster scaled_gemm"
-
-
-def is_mx(scale) -> bool:
-    """Whether block scales are MX's (e8m0) rather than float32 blocks of 128."""
-    return scale.dtype == jnp.float8_e8m0fnu
 
 
 def _check(a, b, scale_a, scale_b, out_dtype) -> tuple[int, int, int]:
@@ -46,11 +41,11 @@ def _check(a, b, scale_a, scale_b, out_dtype) -> tuple[int, int, int]:
     (m, k), (n, kb) = a.shape, b.shape
     if k != kb:
         raise ValueError(f"{_WHO}: contracting dimensions differ: a {a.shape} has K={k}, b {b.shape} has K={kb}")
-    if is_mx(scale_a):
+    if is_mx_scale(scale_a):
         if k % SCALE_BLOCK:  # the MX kernel's K tile
             raise ValueError(f"{_WHO}: MX operands need K a multiple of {SCALE_BLOCK}, got K = {k}")
         scales = (("scale_a", scale_a, (layout_size(m, k),)), ("scale_b", scale_b, (layout_size(n, k),)))
-        check_scaled_operands(_WHO, a, b, k, out_dtype, scales, block=MX_SCALE_BLOCK, scale_dtype=jnp.float8_e8m0fnu)
+        check_scaled_operands(_WHO, a, b, k, out_dtype, scales, block=MX_SCALE_BLOCK, scale_dtype=SCALE_DTYPE)
         return m, n, k
     blocks = k // SCALE_BLOCK
     check_scaled_operands(
@@ -75,5 +70,5 @@ def scaled_gemm(a, b, scale_a, scale_b, *, out_dtype=jnp.bfloat16, plan: Plan | 
     planner's kernel row, or the float32 fallback with the same semantics)."""
     m, n, k = _check(a, b, scale_a, scale_b, out_dtype)
     out_dtype = np.dtype(out_dtype)
-    plan = plans.choose(scaled_gemm_call(m, n, k, a.dtype, out_dtype, is_mx(scale_a)), plan, device, _WHO)
+    plan = plans.choose(scaled_gemm_call(m, n, k, a.dtype, out_dtype, is_mx_scale(scale_a)), plan, device, _WHO)
     return scaled_gemm_local_p.bind(a, b, scale_a, scale_b, out_dtype=out_dtype, plan=plan)

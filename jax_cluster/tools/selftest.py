@@ -145,7 +145,7 @@ def scaled_operands(key, m: int, n: int, k: int, dtype, mx: bool = False):
 
         def scales(key, rows):  # e8m0 bytes 125..129: 2^-2 .. 2^2
             codes = jax.random.randint(key, (rows, blocks), 125, 130).astype(jnp.uint8)
-            return mx_scales.to_kernel_layout(codes.view(jnp.float8_e8m0fnu), k)
+            return mx_scales.to_kernel_layout(codes.view(mx_scales.SCALE_DTYPE), k)
 
         return a, b, scales(ksa, m), scales(ksb, n)
     blocks = k // tables.SCALE_BLOCK
