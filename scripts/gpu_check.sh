@@ -4,7 +4,7 @@
 # $RESULTS/logs.tgz after every step and every 30 s, so a run cut off by a
 # time limit still leaves what finished; $RESULTS also gets prebuilt/_ext*.so.
 # Steps: smoke tests checks selftest sweep sanitize sharding lgemms bench grid planner sched walk
-# layers ragged moe decode dense hostcost fp8 fp8grouped train fp8train fallback pytest (pytest: the tests named by $PYTEST_ARGS;
+# layers ragged moe decode dense hostcost fp8 fp8grouped fp8wgrad train fp8train fallback pytest (pytest: the tests named by $PYTEST_ARGS;
 # FP8_TESTS=0: the fp8 step's benchmark only, FP8_ARGS its arguments).
 # Offline machines: put the nvidia-cutlass (and absl-py) wheels in .whl/ first; the
 # ragged and moe steps also want tokamax's (tokamax==0.0.17 einshape qwix immutabledict
@@ -119,6 +119,8 @@ for part in ${STEPS:-tests bench grid}; do
              "$PY" benchmarks/bench_fp8_dense.py --out "$LOGS" ${FP8_ARGS:-}; } 2>&1 | tee "$LOGS/fp8.log" | tail -30 ;;
     fp8grouped) step "block-scaled fp8 grouped: against torch._scaled_grouped_mm and jax_cluster's bf16 ragged_dot"
            "$PY" benchmarks/bench_fp8_grouped.py --out "$LOGS" 2>&1 | tee "$LOGS/fp8_grouped.log" | tail -20 ;;
+    fp8wgrad) step "block-scaled fp8 weight gradient (ragged_k): against torch and jax_cluster's bf16"
+           "$PY" benchmarks/bench_fp8_wgrad.py --out "$LOGS" ${WGRAD_ARGS:-} 2>&1 | tee "$LOGS/fp8_wgrad.log" | tail -20 ;;
     train) step "examples: train_block at both sizes (jax_cluster vs flax) and expert_parallel"
            { "$PY" examples/train_block.py --out "$LOGS"
              "$PY" examples/train_block.py --size medium --steps ${MEDIUM_STEPS:-100} --out "$LOGS"

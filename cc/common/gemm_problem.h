@@ -38,9 +38,9 @@ struct GemmProblem {
   void* d = nullptr;
   const int32_t* group_sizes = nullptr;  // grouped variants only
   EpilogueArgs epilogue;                 // "bias_act" variants only
-  // Block-scaled (fp8) variants only: float32 scales, K-block-major. scale_a
-  // is [K/128, M] (A in 1x128 tiles along K), scale_b [K/128, ceil(N/128)]
-  // (B in 128x128 blocks).
+  // Block-scaled (fp8) variants only: float32 scales. Dense: K-block-major,
+  // scale_a [K/128, M] (A in 1x128 tiles along K), scale_b [K/128,
+  // ceil(N/128)] (B in 128x128 blocks). Grouped: kernels/cutlass_grouped_gemm.cuh.
   const float* scale_a = nullptr;
   const float* scale_b = nullptr;
   // MX (mxe4m3) variants only: one e8m0 byte per 32 values along K, in

@@ -57,6 +57,14 @@ std::string problem_from_buffers(const VariantEntry& v, const ffi::AnyBuffer& a,
       return "contracting dimensions differ: A has " + std::to_string(k) + ", B has " +
              std::to_string(kb);
     if (dd[0] != m || dd[1] != n) return "result must be [rows, N]; got " + dims(dd);
+  } else if (v.a_major == 'k') {  // A [K', rows]; B [N', rows]; D [G, K', N'] (block-scaled)
+    if (da.size() != 2 || db.size() != 2 || dd.size() != 3)
+      return "ragged_k (K-major) takes A [K', rows], B [N', rows] and gives [G, K', N']; got A " +
+             dims(da) + ", B " + dims(db) + ", result " + dims(dd);
+    if (da[1] != db[1]) return "A and B have different row counts";
+    m = da[0], n = db[0], k = da[1];
+    if (dd[0] != groups || dd[1] != m || dd[2] != n)
+      return "result must be [G, K', N']; got " + dims(dd);
   } else {  // A [rows, K'] read transposed; B [rows, N']; D [G, K', N']
     if (da.size() != 2 || db.size() != 2 || dd.size() != 3)
       return "ragged_k takes A [rows, K'], B [rows, N'] and gives [G, K', N']; got A " + dims(da) +
@@ -69,7 +77,7 @@ std::string problem_from_buffers(const VariantEntry& v, const ffi::AnyBuffer& a,
   const int64_t kMax = INT32_MAX;
   if (m > kMax || n > kMax || k > kMax || groups > kMax) return "a dimension exceeds 2^31 - 1";
   // TMA reads every row, and every group starts, at a 16-byte-aligned address.
-  int64_t lead_a = ragged_m ? k : m, lead_b = v.b_major == 'k' ? k : n;
+  int64_t lead_a = ragged_m || v.a_major == 'k' ? k : m, lead_b = v.b_major == 'k' ? k : n;
   if (std::string err = check_tma_alignment(lead_a, lead_b, n, a, b, d); !err.empty()) return err;
   *p = GemmProblem{static_cast<int>(m),      static_cast<int>(n), static_cast<int>(k),
                    static_cast<int>(groups), a.untyped_data(),    b.untyped_data(),
@@ -90,20 +98,30 @@ std::string check_scale(const char* label, const ffi::AnyBuffer& scale,
   return "";
 }
 
-// A ragged_m call's block scales: scale_a [rows, K/128] (A's 1x128 tiles,
-// K-major, so a group's rows are one slice) and scale_b [G, K/128,
-// ceil(N/128)] (each group's 128x128 blocks of B).
-std::string scales_from_buffers(const ffi::AnyBuffer& scale_a, const ffi::AnyBuffer& scale_b,
-                                GemmProblem* p) {
+// A block-scaled call's scales. ragged_m: scale_a [rows, K/128] (A's 1x128
+// tiles, K-major, so a group's rows are one slice) and scale_b [G, K/128,
+// ceil(N/128)] (each group's 128x128 blocks of B). ragged_k: scale_a
+// [rows/128, K'] and scale_b [rows/128, N'] (both operands in 128-row tiles,
+// each group starting on a tile).
+std::string scales_from_buffers(const VariantEntry& v, const ffi::AnyBuffer& scale_a,
+                                const ffi::AnyBuffer& scale_b, GemmProblem* p) {
+  bool ragged_m = std::string(v.problem) == "ragged_m";
   if (p->k % kScaleBlock)
-    return "K = " + std::to_string(p->k) + " is not a multiple of the scale block " +
-           std::to_string(kScaleBlock);
+    return std::string(ragged_m ? "K" : "the row count") + " = " + std::to_string(p->k) +
+           " is not a multiple of the scale block " + std::to_string(kScaleBlock);
   int64_t k_blocks = p->k / kScaleBlock, n_blocks = (p->n + kScaleBlock - 1) / kScaleBlock;
-  if (std::string err = check_scale<2>("scale_a", scale_a, {p->m, k_blocks}); !err.empty())
-    return err;
-  if (std::string err = check_scale<3>("scale_b", scale_b, {p->batch, k_blocks, n_blocks});
-      !err.empty())
-    return err;
+  if (ragged_m) {
+    if (std::string err = check_scale<2>("scale_a", scale_a, {p->m, k_blocks}); !err.empty())
+      return err;
+    if (std::string err = check_scale<3>("scale_b", scale_b, {p->batch, k_blocks, n_blocks});
+        !err.empty())
+      return err;
+  } else {
+    if (std::string err = check_scale<2>("scale_a", scale_a, {k_blocks, p->m}); !err.empty())
+      return err;
+    if (std::string err = check_scale<2>("scale_b", scale_b, {k_blocks, p->n}); !err.empty())
+      return err;
+  }
   p->scale_a = static_cast<const float*>(scale_a.untyped_data());
   p->scale_b = static_cast<const float*>(scale_b.untyped_data());
   return "";
@@ -142,7 +160,7 @@ ffi::Error execute(const char* target, PlanState* state, cudaStream_t stream,
   if (std::string err = problem_from_buffers(v, a, b, groups, d, &problem); !err.empty())
     return invalid(target, err);
   if (scale_a != nullptr)
-    if (std::string err = scales_from_buffers(*scale_a, *scale_b, &problem); !err.empty())
+    if (std::string err = scales_from_buffers(v, *scale_a, *scale_b, &problem); !err.empty())
       return invalid(target, err);
   problem.group_sizes = group_sizes.typed_data();
   if (d.size_bytes() == 0) return ffi::Error::Success();

@@ -9,6 +9,9 @@
 //             D [rows, N]; rows past the groups are zero.
 //   ragged_k: A [rows, K'] read transposed (A m-major); B [rows, N'];
 //             D [G, K', N']; a group without rows gives zeros.
+//   ragged_k, block-scaled: A [K', rows] and B [N', rows] (K-major, the rows
+//             contiguous), each group's rows starting at a multiple of 128
+//             (kScaleBlock); D [G, K', N'].
 // Workspace: ragged_workspace.cuh (per-group arrays, then CUTLASS's).
 #pragma once
 
@@ -31,6 +34,7 @@ namespace jax_cluster {
 // How the grouped mainloop reads A and B (a variant's dtype decides).
 struct GroupedPlainOperands {
   static constexpr bool kBlockScaled = false;
+  static constexpr bool kBlockAlignedGroups = false;
   template <int Stages, int EpilogueBytes>
   using StageCount = cutlass::gemm::collective::StageCount<Stages>;
   template <class Layout>
@@ -47,13 +51,11 @@ struct GroupedPlainOperands {
 // with its scales K-major, [rows, K/128], so each group's are one contiguous
 // slice of rows; each group's B [N, K] in kScaleBlock x kScaleBlock blocks, one
 // [K/128, ceil(N/128)] block of scales (MN-major) per group.
-struct GroupedBlockScaledOperands {
+template <class ScaleConfig>
+struct GroupedScaledOperands {
   static constexpr bool kBlockScaled = true;
   template <int Stages, int EpilogueBytes>
   using StageCount = cutlass::gemm::collective::StageCountAutoCarveout<EpilogueBytes>;
-  using ScaleConfig =
-      cutlass::detail::Sm90BlockwiseScaleConfig<1, kScaleBlock, kScaleBlock, cute::GMMA::Major::K,
-                                                cute::GMMA::Major::MN>;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
   template <class Layout>
@@ -67,6 +69,25 @@ struct GroupedBlockScaledOperands {
     return {arrays.a,       arrays.stride_a, arrays.b,       arrays.stride_b,
             arrays.scale_a, nullptr,         arrays.scale_b, nullptr};
   }
+};
+
+struct GroupedBlockScaledOperands
+    : GroupedScaledOperands<cutlass::detail::Sm90BlockwiseScaleConfig<
+          1, kScaleBlock, kScaleBlock, cute::GMMA::Major::K, cute::GMMA::Major::MN>> {
+  static constexpr bool kBlockAlignedGroups = false;
+};
+
+// fp8 A and B with float32 scales for the weight gradient (ragged_k), where
+// both operands run along the contracted tokens in 1 x kScaleBlock tiles. A
+// tile must not straddle two groups, so each group's rows start at a
+// multiple of kScaleBlock (the producer pads); the tails past a group's size
+// are outside its TMA box and read as zeros. Scales MN-major, [rows/128, K']
+// and [rows/128, N']: each group's are one contiguous slice of block rows,
+// laid out as CUTLASS's array mainloop expects from the group's own shape.
+struct GroupedTokenScaledOperands
+    : GroupedScaledOperands<cutlass::detail::Sm90BlockwiseScaleConfig<
+          1, 1, kScaleBlock, cute::GMMA::Major::MN, cute::GMMA::Major::MN>> {
+  static constexpr bool kBlockAlignedGroups = true;
 };
 
 // Scheduling provides: ProblemShape (the tag type that selects its CUTLASS
@@ -88,9 +109,10 @@ struct CutlassGroupedGemm {
       cutlass::layout::RowMajor*, kAlignD,  // no C operand: beta = 0
       ElementD, cutlass::layout::RowMajor*, kAlignD, EpilogueSchedule>::CollectiveOp;
 
-  // the weight gradient contracts the ragged rows: its K blocks would straddle groups
-  static_assert(!(Operands::kBlockScaled && Problem == RaggedProblem::kRaggedK),
-                "block-scaled grouped variants are ragged_m only");
+  // the weight gradient's scale tiles run along the ragged rows: groups must start on a tile
+  static_assert(!Operands::kBlockScaled ||
+                    Operands::kBlockAlignedGroups == (Problem == RaggedProblem::kRaggedK),
+                "block-scaled ragged_k needs block-aligned groups, ragged_m does not");
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       Arch, cutlass::arch::OpClassTensorOp, ElementAB, typename Operands::template LayoutA<LayoutA>,
       kAlignAB, ElementAB, typename Operands::template LayoutB<LayoutB>, kAlignAB, float, TileShape,
@@ -163,8 +185,8 @@ struct CutlassGroupedGemm {
                                Operands::kBlockScaled);
     if (l.total > workspace_bytes) return "workspace buffer is smaller than the variant needs";
     Arrays arrays = Workspace::arrays(workspace, l, Scheduling::kTileStart, Operands::kBlockScaled);
-    if (const char* err = Workspace::prepare(p, arrays, 2 * s.sm_count, stream,
-                                             launch.cluster_tile_m, launch.tiles_n))
+    if (const char* err = Workspace::template prepare<Operands::kBlockAlignedGroups>(
+            p, arrays, 2 * s.sm_count, stream, launch.cluster_tile_m, launch.tiles_n))
       return err;
     return initialize_and_run<Gemm>(arguments(p, s, arrays, launch),
                                     static_cast<char*>(workspace) + l.cutlass, stream);

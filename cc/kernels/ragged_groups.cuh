@@ -39,8 +39,9 @@ struct RaggedGroupArrays {
   StrideD* stride_d;
   // [groups + 1]: first cluster tile of each group; [groups] is the total.
   int32_t* tile_start = nullptr;
-  // Block-scaled (fp8) ragged_m only: each group's scale arrays, a slice of
-  // scale_a [rows, K/128] and scale_b [G, K/128, ceil(N/128)].
+  // Block-scaled (fp8) only: each group's scale arrays. ragged_m: a slice
+  // of scale_a [rows, K/128] and scale_b [G, K/128, ceil(N/128)]; ragged_k:
+  // slices of block rows of scale_a [rows/128, K'] and scale_b [rows/128, N'].
   const float** scale_a = nullptr;
   const float** scale_b = nullptr;
 
@@ -62,11 +63,15 @@ inline constexpr int kRaggedPrepThreads = 256;
 // aligned), the output no tile covers: ragged_m, rows [covered, M) of D;
 // ragged_k, D[g] of every group without rows.
 // `rows` is M of the ragged dimension; (m, n, k) is the GEMM view of the
-// launch. Strides are the same for every group (each group is a slice of one
-// packed buffer), so the host computes them once. scale_a and scale_b are
-// the block scales of a block-scaled launch (out.scale_a set), else unused. With out.tile_start
-// set, a cluster tile is cluster_tile_m rows by one of tiles_n column tiles.
-template <RaggedProblem P, class Arrays, class StrideA, class StrideB, class StrideD>
+// launch. BlockAligned (block-scaled ragged_k): A [m, rows] and B [n, rows]
+// hold the rows contiguous, and group g starts at the sum of the earlier
+// sizes each rounded up to kScaleBlock (so no scale tile straddles groups),
+// cut at `rows` like the sizes themselves. Strides are the same for every group (each group is a
+// slice of one packed buffer), so the host computes them once. scale_a and scale_b are the block
+// scales of a block-scaled launch (out.scale_a set), else unused. With out.tile_start set, a
+// cluster tile is cluster_tile_m rows by one of tiles_n column tiles.
+template <RaggedProblem P, bool BlockAligned, class Arrays, class StrideA, class StrideB,
+          class StrideD>
 __global__ void __launch_bounds__(kRaggedPrepThreads)
     prepare_ragged_groups(const int32_t* group_sizes, int groups, int64_t rows, int m, int n, int k,
                           const void* a, const void* b, void* d, Arrays out, StrideA stride_a,
@@ -88,8 +93,10 @@ __global__ void __launch_bounds__(kRaggedPrepThreads)
   for (int base = 0; base < groups; base += kRaggedPrepThreads) {
     int g = base + threadIdx.x;
     int64_t size = g < groups ? max(group_sizes[g], 0) : 0;
+    // the rows a group takes: its size, or its size in whole scale tiles
+    int64_t span = BlockAligned ? (size + kScaleBlock - 1) / kScaleBlock * kScaleBlock : size;
     int64_t offset, chunk_total;
-    Scan(temp).ExclusiveSum(size, offset, chunk_total);
+    Scan(temp).ExclusiveSum(span, offset, chunk_total);
     int64_t start = min(carry + offset, rows), end = min(carry + offset + size, rows);
     int g_rows = static_cast<int>(end - start);
     if (writer && g < groups) {
@@ -98,6 +105,12 @@ __global__ void __launch_bounds__(kRaggedPrepThreads)
         out.a[g] = static_cast<EA>(a) + start * k;
         out.b[g] = static_cast<EB>(b) + int64_t(g) * n * k;
         out.d[g] = static_cast<ED>(d) + start * n;
+      } else if constexpr (BlockAligned) {
+        // A [m, rows] and B [n, rows]: a group is a column slice; an empty one gets no tiles.
+        out.shapes[g] = {g_rows > 0 ? m : 0, n, g_rows};
+        out.a[g] = static_cast<EA>(a) + start;
+        out.b[g] = static_cast<EB>(b) + start;
+        out.d[g] = static_cast<ED>(d) + int64_t(g) * m * n;
       } else {
         // A is the [rows, m] buffer read transposed; an empty group gets no tiles.
         out.shapes[g] = {g_rows > 0 ? m : 0, n, g_rows};
@@ -108,10 +121,15 @@ __global__ void __launch_bounds__(kRaggedPrepThreads)
       out.stride_a[g] = stride_a;
       out.stride_b[g] = stride_b;
       out.stride_d[g] = stride_d;
-      if (out.scale_a != nullptr) {  // ragged_m: rows of scale_a, one [K/128, N/128] block of B
-        const int64_t k_blocks = k / kScaleBlock, n_blocks = (n + kScaleBlock - 1) / kScaleBlock;
-        out.scale_a[g] = scale_a + start * k_blocks;
-        out.scale_b[g] = scale_b + int64_t(g) * k_blocks * n_blocks;
+      if constexpr (P == RaggedProblem::kRaggedM) {
+        if (out.scale_a != nullptr) {  // rows of scale_a, one [K/128, N/128] block of B
+          const int64_t k_blocks = k / kScaleBlock, n_blocks = (n + kScaleBlock - 1) / kScaleBlock;
+          out.scale_a[g] = scale_a + start * k_blocks;
+          out.scale_b[g] = scale_b + int64_t(g) * k_blocks * n_blocks;
+        }
+      } else if constexpr (BlockAligned) {  // the group's block rows of both scales
+        out.scale_a[g] = scale_a + start / kScaleBlock * m;
+        out.scale_b[g] = scale_b + start / kScaleBlock * n;
       }
     }
     int64_t tile_chunk_total = 0;

@@ -78,7 +78,9 @@ struct RaggedWorkspace {
 
   // Builds the per-group arrays from the device-resident group sizes and
   // zeros the output no tile covers, in one launch of `blocks` blocks on
-  // `stream`. nullptr on success.
+  // `stream`. BlockAlignedGroups: each group's rows start at a multiple of
+  // kScaleBlock (block-scaled ragged_k). nullptr on success.
+  template <bool BlockAlignedGroups = false>
   static const char* prepare(const GemmProblem& p, const Arrays& arrays, int blocks,
                              cudaStream_t stream, int cluster_tile_m = 1, int tiles_n = 0) {
     // Row counts: ragged_m splits M (GEMM m); ragged_k splits the contraction (GEMM k).
@@ -86,7 +88,7 @@ struct RaggedWorkspace {
     auto stride_a = cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(p.m, p.k, 1));
     auto stride_b = cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(p.n, p.k, 1));
     auto stride_d = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(p.m, p.n, 1));
-    prepare_ragged_groups<Problem><<<blocks, kRaggedPrepThreads, 0, stream>>>(
+    prepare_ragged_groups<Problem, BlockAlignedGroups><<<blocks, kRaggedPrepThreads, 0, stream>>>(
         p.group_sizes, p.batch, rows, p.m, p.n, p.k, p.a, p.b, p.d, arrays, stride_a, stride_b,
         stride_d, cluster_tile_m, tiles_n, int64_t(p.n) * sizeof(ElementD), p.scale_a, p.scale_b);
     cudaError_t err = cudaGetLastError();

@@ -9,18 +9,31 @@ scales, and "gnk" transposes only the scales. `scaled_grouped_product`
 returns None where no kernel plan takes the call (the planner has no
 validated row, another GPU, a CPU, e5m2, MXFP8 operands, a plan of another
 dtype): the op then dequantizes to bfloat16.
+
+`grouped_weight_gradient` is the recipe's third product, sum over group g's
+rows of x^T dy: both operands in 1 x 128 tiles along the rows, laid out so
+that each group starts on a tile (primitives/token_tiles.py), on the
+block-scaled ragged_k kernel, or dequantized onto the bf16 one.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
+from jax_cluster.ops.quantize import dequantize, quantize
 from jax_cluster.planning.plan import Plan
 from jax_cluster.planning.tables import BLOCK_SCALED_DTYPES, SCALE_BLOCK
-from jax_cluster.primitives import plans
+from jax_cluster.primitives import plans, token_tiles
+from jax_cluster.primitives.lowering import clamp_group_sizes
 from jax_cluster.primitives.mx_scales import is_mx_scale
 from jax_cluster.primitives.operands import SCALED_DTYPES
-from jax_cluster.primitives.scaled_ragged import scaled_ragged_call, scaled_ragged_dot
+from jax_cluster.primitives.ragged import ragged
+from jax_cluster.primitives.scaled_ragged import (
+    scaled_ragged_call,
+    scaled_ragged_dot,
+    scaled_ragged_k_call,
+    scaled_ragged_k_dot,
+)
 
 
 def scaled_grouped_product(lhs, rhs, group_sizes, rhs_layout: str, out_dtype, plan: Plan | None):
@@ -47,3 +60,41 @@ def scaled_grouped_product(lhs, rhs, group_sizes, rhs_layout: str, out_dtype, pl
         return None
     scale_a = lhs.scale.reshape(rows, k // SCALE_BLOCK)
     return scaled_ragged_dot(values, b, scale_a, scale_b, group_sizes, out_dtype=out_dtype, plan=chosen)
+
+
+def token_tiled(x, sizes, rows: int, dtype):
+    """x [M, C], its rows sorted by group (`sizes` already cut at M), as a
+    QArray of [C, rows]: 1 x 128 tiles along the rows in the block-aligned
+    layout, zeros between groups."""
+    sources = jnp.cumsum(sizes) - sizes  # each group's first row in x
+    starts, _ = token_tiles.group_starts(sizes, rows)
+    owner, valid = token_tiles.row_owners(sizes, rows)
+    source = sources[owner] + jnp.arange(rows, dtype=starts.dtype) - starts[owner]
+    taken = jnp.take(x, jnp.where(valid, source, 0), axis=0)
+    return quantize(jnp.where(valid[:, None], taken, jnp.zeros((), x.dtype)).T, dtype=dtype)
+
+
+def grouped_weight_gradient(x, dy, group_sizes, grad_dtype, out_dtype, plan: Plan | None = None):
+    """[G, K, N]: x [M, K]^T dy [M, N] over each group's rows, x quantized to
+    e4m3 and dy to `grad_dtype` in token tiles; the block-scaled ragged_k
+    kernel where a plan (`plan`, or the planner's) takes it, else the same
+    fp8 values dequantized to bfloat16 on the bf16 grouped path. group_sizes
+    is int32 [G]."""
+    groups = group_sizes.shape[0]
+    rows = token_tiles.padded_rows(x.shape[0], groups)
+    sizes = clamp_group_sizes(group_sizes, x.shape[0])
+    qx = token_tiled(x, sizes, rows, jnp.float8_e4m3fn)
+    qdy = token_tiled(dy, sizes, rows, grad_dtype)
+    k, n = x.shape[1], dy.shape[1]
+    if qx.qvalue.dtype == qdy.qvalue.dtype:
+        call = scaled_ragged_k_call(k, n, rows, groups, qx.qvalue.dtype, out_dtype)
+        plan = plans.choose(call, plan, None, "jax_cluster")
+        if plan.uses_kernel:
+            return scaled_ragged_k_dot(
+                qx.qvalue, qdy.qvalue, qx.scale.T, qdy.scale.T, sizes, out_dtype=out_dtype, plan=plan
+            )
+    # each group over its whole span (the rows between groups are zeros)
+    starts, _ = token_tiles.group_starts(sizes, rows)
+    spans = jnp.concatenate([starts[1:], jnp.full((1,), rows, starts.dtype)]) - starts
+    xv, dyv = dequantize(qx, jnp.bfloat16).T, dequantize(qdy, jnp.bfloat16).T
+    return ragged(xv, dyv, spans, problem="ragged_k", out_dtype=out_dtype)

@@ -8,9 +8,10 @@ bf16/f32 values the layers keep (DeepSeek-V3's scheme).
                              dy in (128, 128) blocks
 
 So K, N and the rows must be multiples of 128. In the grouped form the
-token tiles of the weight gradient are 128-row tiles of the whole sorted
-matrix: a tile that straddles two groups shares one scale between their
-rows. Products accumulate in fp32 and return the activations' dtype.
+weight gradient takes x^T and dy^T both in (1, 128) tiles along the tokens,
+each group's tokens starting on a tile (the rows are regrouped with zeros
+between groups: primitives/token_tiles.py), so a tile never mixes two
+groups. Products accumulate in fp32 and return the activations' dtype.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from jax_cluster.ops.dense import dot_general, matmul
-from jax_cluster.ops.quantize import dequantize, quantize
+from jax_cluster.ops.fp8_grouped import grouped_weight_gradient
+from jax_cluster.ops.quantize import quantize
 from jax_cluster.ops.ragged_dot import ragged_dot
 
 RECIPES = ("blockwise",)
@@ -89,12 +91,9 @@ def _grouped_backward(grad_dtype, saved, dy):
     dx = ragged_dot(
         quantize(dy, dtype=grad_dtype), weights, group_sizes, preferred_element_type=x.dtype, rhs_layout="gnk"
     )
-    # d_weight contracts the tokens: the fp8 values of x (tiles along the rows)
-    # and of dy (128 x 128 blocks) through the grouped weight-gradient product
-    x_values = dequantize(quantize(x.T), x.dtype).T
-    dy_values = dequantize(quantize(dy, block=(128, 128), dtype=grad_dtype), dy.dtype)
-    _, pullback = jax.vjp(lambda w: ragged_dot(x_values, w, group_sizes), kernel.astype(x.dtype))
-    (dw,) = pullback(dy_values)
+    # d_weight contracts the tokens: x and dy in token tiles, each group on its own tiles
+    sizes = group_sizes.astype(jnp.int32)
+    dw = grouped_weight_gradient(x, dy, sizes, grad_dtype, x.dtype)
     return dx, dw.astype(kernel.dtype), None
 
 

@@ -63,15 +63,12 @@ def _block_scaled_problem(call: Call) -> str:
     """What keeps a block-scaled (fp8) call off its kernels: they read A and B
     K-major, K in whole scale blocks; the dense kernel runs one product and
     reads A's scales with TMA (a 16-byte row pitch: M a multiple of 4); the
-    grouped one splits the rows (ragged_m), never the contraction. MXFP8
-    (mxe4m3) reads its scales padded, so M is free; its K tile is 128."""
+    grouped ones split the rows (ragged_m) or, in the weight gradient, the
+    contraction (ragged_k, its rows in the block-aligned layout of
+    primitives/token_tiles.py, so K is the padded row count). MXFP8 (mxe4m3)
+    reads its scales padded, so M is free; its K tile is 128."""
     if call.epilogue != "none":
         return "block-scaled fp8 runs plain products only"
-    if call.problem == "ragged_k":
-        return (
-            "block-scaled fp8 grouped products split the rows (ragged_m): "
-            "a ragged contraction's K blocks would straddle groups"
-        )
     if (call.a_major, call.b_major) != ("k", "k"):
         return "block-scaled fp8 reads A [M,K] and B [N,K] (K-major)"
     if call.problem == "dense" and call.count != 1:

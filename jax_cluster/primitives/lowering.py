@@ -16,7 +16,7 @@ from jax.interpreters import mlir
 from jax_cluster import _ffi
 from jax_cluster.planning.plan import Plan
 from jax_cluster.planning.tables import ACTIVATIONS, FFI_TARGETS, SCALE_BLOCK
-from jax_cluster.primitives import mx_scales
+from jax_cluster.primitives import mx_scales, token_tiles
 from jax_cluster.primitives.activations import apply_epilogue
 from jax_cluster.primitives.operands import gemm_dims, ragged_out_shape
 from jax_cluster.primitives.registry import local_primitive
@@ -230,13 +230,18 @@ ragged_local_p = local_primitive(
 # --------------------------------------------------------------------------- block-scaled fp8, grouped
 
 
-def _scaled_ragged_abstract_eval(a, b, scale_a, scale_b, group_sizes, *, out_dtype, plan):
-    return jax.core.ShapedArray((a.shape[0], b.shape[1]), out_dtype)
+def _scaled_ragged_abstract_eval(a, b, scale_a, scale_b, group_sizes, *, problem, out_dtype, plan):
+    if problem == "ragged_m":
+        return jax.core.ShapedArray((a.shape[0], b.shape[1]), out_dtype)
+    return jax.core.ShapedArray((group_sizes.shape[0], a.shape[0], b.shape[0]), out_dtype)
 
 
-def xla_scaled_ragged(a, b, scale_a, scale_b, group_sizes, *, out_dtype, plan):
+def xla_scaled_ragged(a, b, scale_a, scale_b, group_sizes, *, problem="ragged_m", out_dtype, plan):
     """The portable path: the grouped product of the dequantized operands in
-    float32, under the kernels' size rule."""
+    float32, under the kernels' size rule (and, for ragged_k, their
+    block-aligned rows: primitives/token_tiles.py)."""
+    if problem == "ragged_k":
+        return _xla_scaled_ragged_k(a, b, scale_a, scale_b, group_sizes, out_dtype)
     rows, n = a.shape[0], b.shape[1]
     if group_sizes.shape[0] == 0:
         return jnp.zeros((rows, n), out_dtype)
@@ -250,9 +255,35 @@ def xla_scaled_ragged(a, b, scale_a, scale_b, group_sizes, *, out_dtype, plan):
     return out.astype(out_dtype)
 
 
-def _scaled_ragged_cuda_lowering(ctx, a, b, scale_a, scale_b, group_sizes, *, out_dtype, plan: Plan):
+def _xla_scaled_ragged_k(a, b, scale_a, scale_b, group_sizes, out_dtype):
+    """A [K', rows] and B [N', rows] in token tiles (scales [rows/128, K'] and
+    [rows/128, N']) -> [G, K', N'], each group over its block-aligned rows."""
+    (m, rows), n, groups = a.shape, b.shape[0], group_sizes.shape[0]
+    if groups == 0:
+        return jnp.zeros((0, m, n), out_dtype)
+    _, valid = token_tiles.row_owners(group_sizes, rows)
+
+    def rows_of(x, scales):  # [rows, C] float32, the rows outside every group zero
+        x32 = x.T.astype(jnp.float32) * jnp.repeat(scales, SCALE_BLOCK, axis=0)
+        return jnp.where(valid[:, None], x32, 0.0)
+
+    starts, _ = token_tiles.group_starts(group_sizes, rows)
+    spans = jnp.concatenate([starts[1:], jnp.full((1,), rows, starts.dtype)]) - starts
+    dims = lax.RaggedDotDimensionNumbers((((0,), (0,)), ((), ())), lhs_ragged_dimensions=[0], rhs_group_dimensions=[])
+    out = lax.ragged_dot_general(
+        rows_of(a, scale_a),
+        rows_of(b, scale_b),
+        spans,
+        dims,
+        precision=lax.Precision.HIGHEST,
+        preferred_element_type=jnp.float32,
+    )
+    return out.astype(out_dtype)
+
+
+def _scaled_ragged_cuda_lowering(ctx, a, b, scale_a, scale_b, group_sizes, *, problem, out_dtype, plan: Plan):
     if not _runs_kernel(plan):
-        fallback = functools.partial(xla_scaled_ragged, out_dtype=out_dtype, plan=plan)
+        fallback = functools.partial(xla_scaled_ragged, problem=problem, out_dtype=out_dtype, plan=plan)
         return mlir.lower_fun(fallback, multiple_results=False)(ctx, a, b, scale_a, scale_b, group_sizes)
     # the raw sizes go to the kernel, which applies the same clamping rule itself
     return lower_kernel_call(ctx, FFI_TARGETS["scaled_ragged_dot"], plan, a, b, scale_a, scale_b, group_sizes)

@@ -1,18 +1,31 @@
-"""The block-scaled fp8 grouped GEMM (ragged_m): the rows of group g times
-group g's weight, both dequantized by their block scales, DeepSeek-V3's
-recipe for MoE experts on CUTLASS's blockwise-scaled array mainloop.
+"""The block-scaled fp8 grouped GEMMs, DeepSeek-V3's recipe for MoE experts
+on CUTLASS's blockwise-scaled array mainloop.
 
+`scaled_ragged_dot` (ragged_m: the forward and the input gradient), the rows
+of group g times group g's weight:
   a            [rows, K]               fp8 values, K-major
   b            [G, N, K]               fp8 values, each group's weight K-major
   scale_a      [rows, K/128]           float32: A's 1 x 128 tiles along K
   scale_b      [G, K/128, ceil(N/128)] float32: each group's 128 x 128 blocks
-  group_sizes  [G]                     int32
+Scale blocks never meet a group boundary there: A's tiles run along K within
+one row, and B's blocks belong to one group's matrix. Rows past the groups
+are zero.
 
-Scale blocks never meet a group boundary: A's tiles run along K within one
-row, and B's blocks belong to one group's matrix. Sizes follow ragged_dot's
-rule (a negative size counts as 0, groups are cut at the rows) and rows past
-the groups are zero. The op takes one device, has no vmap rule and is not
-differentiable: the fp8 training recipe quantizes each product itself.
+`scaled_ragged_k_dot` (ragged_k: the weight gradient), out[g] = A_g B_g^T
+over the rows (tokens) of group g, both operands in 1 x 128 tiles along the
+rows, stored with the rows contiguous:
+  a            [K', rows]              fp8 values
+  b            [N', rows]              fp8 values
+  scale_a      [rows/128, K']          float32
+  scale_b      [rows/128, N']          float32
+  -> [G, K', N']; a group without rows gives zeros.
+The rows are in the block-aligned layout of primitives/token_tiles.py: each
+group starts on a tile, so no tile has two groups' rows.
+
+group_sizes is int32 [G] in both. Sizes follow ragged_dot's rule (a
+negative size counts as 0, groups are cut at the rows). The ops take one
+device, have no vmap rule and are not differentiable: the fp8 training
+recipe quantizes each product itself.
 """
 
 from __future__ import annotations
@@ -53,6 +66,21 @@ def _check(a, b, scale_a, scale_b, group_sizes, out_dtype) -> tuple[int, int, in
     return rows, n, k, groups
 
 
+def _check_ragged_k(a, b, scale_a, scale_b, group_sizes, out_dtype) -> tuple[int, int, int, int]:
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"{_WHO}: a must be [K', rows] and b [N', rows], got shapes {a.shape} and {b.shape}")
+    (m, rows), (n, rows_b) = a.shape, b.shape
+    if rows != rows_b:
+        raise ValueError(f"{_WHO}: a {a.shape} and b {b.shape} hold different row counts")
+    if group_sizes.ndim != 1 or group_sizes.dtype != jnp.int32:
+        raise ValueError(f"{_WHO}: group_sizes must be int32 [G], got {group_sizes.dtype} {list(group_sizes.shape)}")
+    blocks = rows // SCALE_BLOCK
+    check_scaled_operands(
+        _WHO, a, b, rows, out_dtype, (("scale_a", scale_a, (blocks, m)), ("scale_b", scale_b, (blocks, n)))
+    )
+    return m, n, rows, group_sizes.shape[0]
+
+
 def scaled_ragged_call(rows: int, n: int, k: int, groups: int, dtype, out_dtype) -> Call:
     """The Call of a block-scaled grouped GEMM (ragged_m; A and B K-major)."""
     return Call("ragged_m", rows, n, k, groups, "k", "k", dtype_name(dtype), dtype_name(out_dtype))
@@ -66,4 +94,25 @@ def scaled_ragged_dot(
     rows, n, k, groups = _check(a, b, scale_a, scale_b, group_sizes, out_dtype)
     out_dtype = np.dtype(out_dtype)
     plan = plans.choose(scaled_ragged_call(rows, n, k, groups, a.dtype, out_dtype), plan, device, _WHO)
-    return scaled_ragged_local_p.bind(a, b, scale_a, scale_b, group_sizes, out_dtype=out_dtype, plan=plan)
+    return scaled_ragged_local_p.bind(
+        a, b, scale_a, scale_b, group_sizes, problem="ragged_m", out_dtype=out_dtype, plan=plan
+    )
+
+
+def scaled_ragged_k_call(m: int, n: int, rows: int, groups: int, dtype, out_dtype) -> Call:
+    """The Call of a block-scaled weight gradient (ragged_k; A [K', rows] and
+    B [N', rows], both K-major in the GEMM view (m, n, k) = (K', N', rows))."""
+    return Call("ragged_k", m, n, rows, groups, "k", "k", dtype_name(dtype), dtype_name(out_dtype))
+
+
+def scaled_ragged_k_dot(
+    a, b, scale_a, scale_b, group_sizes, *, out_dtype=jnp.bfloat16, plan: Plan | None = None, device=None
+):
+    """Binds the block-scaled weight-gradient GEMM with `plan`, or with a fresh
+    plan (the planner's kernel row, or the float32 fallback with the same semantics)."""
+    m, n, rows, groups = _check_ragged_k(a, b, scale_a, scale_b, group_sizes, out_dtype)
+    out_dtype = np.dtype(out_dtype)
+    plan = plans.choose(scaled_ragged_k_call(m, n, rows, groups, a.dtype, out_dtype), plan, device, _WHO)
+    return scaled_ragged_local_p.bind(
+        a, b, scale_a, scale_b, group_sizes, problem="ragged_k", out_dtype=out_dtype, plan=plan
+    )

@@ -29,14 +29,14 @@ from jax_cluster.planning.dense import plan_gemm
 from jax_cluster.planning.device import describe
 from jax_cluster.planning.grouped import plan_ragged
 from jax_cluster.planning.tables import ACTIVATIONS
-from jax_cluster.primitives import mx_scales
+from jax_cluster.primitives import mx_scales, token_tiles
 from jax_cluster.primitives.activations import apply_epilogue
 from jax_cluster.primitives.epilogue import gemm_epilogue
 from jax_cluster.primitives.gemm import gemm
 from jax_cluster.primitives.lowering import clamp_group_sizes, xla_scaled_gemm, xla_scaled_ragged
 from jax_cluster.primitives.ragged import ragged
 from jax_cluster.primitives.scaled_gemm import scaled_gemm
-from jax_cluster.primitives.scaled_ragged import scaled_ragged_dot
+from jax_cluster.primitives.scaled_ragged import scaled_ragged_dot, scaled_ragged_k_dot
 from jax_cluster.tuning import accuracy
 from jax_cluster.tuning.accuracy import tolerance
 
@@ -247,10 +247,19 @@ def _check_grouped(v: tables.Variant, sizes, rows, kdim, ndim, key) -> tuple[flo
     return float(rel), float(worst)
 
 
-def scaled_grouped_operands(key, rows: int, n: int, k: int, groups: int, dtype):
-    """Random fp8 A [rows, K], B [G, N, K] and float32 block scales in [0.5, 2)
-    in the grouped kernel's layouts (A's K-major, each group's B's K blocks first)."""
+def scaled_grouped_operands(key, rows: int, n: int, k: int, groups: int, dtype, problem: str = "ragged_m"):
+    """Random fp8 operands and float32 block scales in [0.5, 2) in the grouped
+    kernels' layouts. ragged_m: A [rows, K] (scales K-major), B [G, N, K]
+    (each group's K blocks first). ragged_k: A [K, rows] and B [N, rows], both
+    in token tiles (scales [rows/128, K] and [rows/128, N])."""
     ka, kb, ksa, ksb = jax.random.split(key, 4)
+    if problem == "ragged_k":
+        a = jax.random.normal(ka, (k, rows), jnp.float32).astype(dtype)
+        b = jax.random.normal(kb, (n, rows), jnp.float32).astype(dtype)
+        blocks = rows // tables.SCALE_BLOCK
+        scale_a = jax.random.uniform(ksa, (blocks, k), jnp.float32, 0.5, 2.0)
+        scale_b = jax.random.uniform(ksb, (blocks, n), jnp.float32, 0.5, 2.0)
+        return a, b, scale_a, scale_b
     a = jax.random.normal(ka, (rows, k), jnp.float32).astype(dtype)
     b = jax.random.normal(kb, (groups, n, k), jnp.float32).astype(dtype)
     blocks = k // tables.SCALE_BLOCK
@@ -260,18 +269,27 @@ def scaled_grouped_operands(key, rows: int, n: int, k: int, groups: int, dtype):
 
 
 def _check_scaled_grouped(v: tables.Variant, sizes, rows, kdim, ndim, key) -> tuple[float, float]:
-    """A block-scaled ragged_m variant against the float32 grouped product of
-    the dequantized operands; rows past the groups must be exact zeros."""
-    operands = scaled_grouped_operands(key, rows, ndim, kdim, len(sizes), DTYPES[v.dtype])
+    """A block-scaled grouped variant against the float32 grouped product of
+    the dequantized operands; rows past the groups (ragged_m) and empty
+    groups (ragged_k, whose rows take the block-aligned layout) must be
+    exact zeros."""
+    groups = len(sizes)
+    if v.problem == "ragged_k":
+        rows = token_tiles.padded_rows(rows, groups)
+    operands = scaled_grouped_operands(key, rows, ndim, kdim, groups, DTYPES[v.dtype], v.problem)
     gs = jnp.asarray(sizes, jnp.int32)
-    plan = grouped_plan(v, len(sizes), rows, kdim, ndim)
+    plan = grouped_plan(v, groups, rows, kdim, ndim)
+    bind = scaled_ragged_dot if v.problem == "ragged_m" else scaled_ragged_k_dot
 
     @jax.jit
     def errors(gs, *operands):
-        out = scaled_ragged_dot(*operands, gs, out_dtype=DTYPES[v.out], plan=plan)
-        ref = xla_scaled_ragged(*operands, gs, out_dtype=jnp.float32, plan=plan)
+        out = bind(*operands, gs, out_dtype=DTYPES[v.out], plan=plan)
+        ref = xla_scaled_ragged(*operands, gs, problem=v.problem, out_dtype=jnp.float32, plan=plan)
         rel, worst = accuracy.errors(out, ref)
-        past = (jnp.arange(rows) >= jnp.sum(clamp_group_sizes(gs, rows)))[:, None]
+        if v.problem == "ragged_m":
+            past = (jnp.arange(rows) >= jnp.sum(clamp_group_sizes(gs, rows)))[:, None]
+        else:
+            past = (token_tiles.group_starts(gs, rows)[1] == 0)[:, None, None]
         exact_zeros = jnp.where(past, out == 0, True).all()
         return jnp.where(exact_zeros, rel, jnp.inf), jnp.where(exact_zeros, worst, jnp.inf)
 

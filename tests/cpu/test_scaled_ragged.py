@@ -125,7 +125,7 @@ def test_a_row_no_gpu_has_run_is_taken_only_when_pinned(monkeypatch):
 @pytest.mark.parametrize(
     "kw,why",
     [
-        (dict(problem="ragged_k"), "split the rows"),
+        (dict(problem="ragged_k", a_major="m", b_major="n"), "K-major"),
         (dict(b_major="n"), "K-major"),
         (dict(k=200), "not a multiple of the scale block"),
         (dict(out_dtype=jnp.float16), "write bf16 or f32 from e4m3 inputs"),

@@ -20,12 +20,12 @@ import numpy as np
 from jax_cluster import _ffi
 from jax_cluster.planning import tables
 from jax_cluster.planning.device import describe
-from jax_cluster.primitives import mx_scales
+from jax_cluster.primitives import mx_scales, token_tiles
 from jax_cluster.primitives.epilogue import gemm_epilogue
 from jax_cluster.primitives.gemm import gemm
 from jax_cluster.primitives.ragged import ragged
 from jax_cluster.primitives.scaled_gemm import scaled_gemm
-from jax_cluster.primitives.scaled_ragged import scaled_ragged_dot
+from jax_cluster.primitives.scaled_ragged import scaled_ragged_dot, scaled_ragged_k_dot
 from jax_cluster.tools.selftest import (
     DTYPES,
     dense_plan,
@@ -120,6 +120,8 @@ def _grouped_reference(a, b, sizes, v):
 
 
 def _scaled_grouped(v, key):
+    if v.problem == "ragged_k":
+        return _scaled_weight_gradient(v, key)
     sizes = [0, 77, 1, 200, 0, 150]  # as _grouped, with K in whole scale blocks
     rows, kdim, ndim = sum(sizes) + 40, 2 * tables.SCALE_BLOCK, 264
     plan = grouped_plan(v, len(sizes), rows, kdim, ndim)
@@ -131,6 +133,23 @@ def _scaled_grouped(v, key):
     per_column = np.repeat(np.asarray(scale_b, np.float64), block, axis=2)[:, :, :ndim]
     b64 = np.asarray(b, np.float64) * np.repeat(per_column, block, axis=1).transpose(0, 2, 1)
     ref = _grouped_reference(a64, b64, sizes, v)  # b is [G, N, K]: v.b_major is "k"
+    return float(relative_error(np.asarray(out.astype(jnp.float32)), ref))
+
+
+def _scaled_weight_gradient(v, key):
+    """The block-scaled ragged_k call: rows in the block-aligned layout, each
+    group starting on a 128-row tile (primitives/token_tiles.py)."""
+    sizes = [0, 77, 1, 200, 0, 150]
+    block = tables.SCALE_BLOCK
+    rows, kdim, ndim = token_tiles.padded_rows(sum(sizes) + 40, len(sizes)), 136, 264
+    plan = grouped_plan(v, len(sizes), rows, kdim, ndim)
+    a, b, scale_a, scale_b = scaled_grouped_operands(key, rows, ndim, kdim, len(sizes), DTYPES[v.dtype], v.problem)
+    gs = jnp.asarray(sizes, jnp.int32)
+    out = jax.jit(lambda *xs: scaled_ragged_k_dot(*xs, out_dtype=DTYPES[v.out], plan=plan))(a, b, scale_a, scale_b, gs)
+    a64 = (np.asarray(a, np.float64) * np.repeat(np.asarray(scale_a, np.float64), block, axis=0).T).T
+    b64 = (np.asarray(b, np.float64) * np.repeat(np.asarray(scale_b, np.float64), block, axis=0).T).T
+    starts = np.cumsum([0, *(-(-s // block) * block for s in sizes)])
+    ref = np.stack([a64[s : s + n].T @ b64[s : s + n] for s, n in zip(starts, sizes)])
     return float(relative_error(np.asarray(out.astype(jnp.float32)), ref))
 
 

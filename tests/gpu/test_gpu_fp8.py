@@ -1,8 +1,11 @@
-"""The block-scaled fp8 kernel on a Hopper GPU, through the planner's plans: matmul
-of quantized operands and the in-place [N, K] product against the float32
+"""The block-scaled fp8 kernels on a Hopper GPU, through the planner's plans: matmul
+of quantized operands, ragged_dot of them, the weight gradient's ragged_k
+product and the in-place [N, K] product against the float32
 product of their dequantized values (tight) and against the bf16 product of
 the unquantized inputs (the quantization's own error, stated), with
 NaN-poisoned outputs (conftest) and bitwise-repeatable results."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +15,10 @@ from helpers import fresh_key
 
 import jax_cluster
 from jax_cluster.ops.fp8_dense import scaled_product
+from jax_cluster.ops.fp8_grouped import grouped_weight_gradient
 from jax_cluster.planning import tables
+from jax_cluster.primitives import token_tiles
+from jax_cluster.primitives.scaled_ragged import scaled_ragged_k_dot
 
 pytestmark = pytest.mark.gpu
 E4M3 = jnp.float8_e4m3fn
@@ -179,3 +185,66 @@ def test_mx_matmul_runs_the_mx_kernel_and_matches_its_dequantized_values(m, n, k
     ref = np.asarray(jax_cluster.dequantize(qx), np.float64) @ np.asarray(jax_cluster.dequantize(qw), np.float64)
     assert _rel(out, ref) < 5e-3
     assert np.array_equal(np.asarray(run(qx, qw)), np.asarray(out))  # repeatable bit for bit
+
+
+def _weight_gradient_row() -> str:
+    names = jax_cluster.info().compiled_variants
+    row = next(
+        (v.name for v in tables.load_menu() if v.dtype == "e4m3" and v.problem == "ragged_k" and v.name in names),
+        None,
+    )
+    if row is None:
+        pytest.skip("no block-scaled ragged_k row is compiled for this GPU")
+    return row
+
+
+@pytest.mark.parametrize("sizes", [[300, 0, 1, 211], [-4, 640, 0, 5, 77], [128] * 9, [2000, 3]], ids=str)
+def test_the_weight_gradient_kernel_matches_its_dequantized_values(sizes):
+    """Pinned to the ragged_k row: uneven, empty, negative, tile-sized and
+    cut groups in the block-aligned layout; empty groups exact zeros."""
+    m, n, groups = 384, 264, len(sizes)
+    rows = token_tiles.padded_rows(768, groups)
+    keys = jax.random.split(fresh_key(), 4)
+    a = jax.random.normal(keys[0], (m, rows), jnp.float32).astype(E4M3)
+    b = jax.random.normal(keys[1], (n, rows), jnp.float32).astype(E4M3)
+    sa = jax.random.uniform(keys[2], (rows // 128, m), jnp.float32, 0.5, 2.0)
+    sb = jax.random.uniform(keys[3], (rows // 128, n), jnp.float32, 0.5, 2.0)
+    gs = jnp.asarray(sizes, jnp.int32)
+    plan = jax_cluster.plan_ragged(
+        m, n, rows, groups, problem="ragged_k", dtype=E4M3, out_dtype=jnp.bfloat16, a_major="k", b_major="k",
+        variant=_weight_gradient_row(),
+    )  # fmt: skip
+    run = jax.jit(lambda *xs: scaled_ragged_k_dot(*xs, plan=plan))
+    assert tables.FFI_TARGETS["scaled_ragged_dot"] in run.lower(a, b, sa, sb, gs).as_text()
+    out = np.asarray(run(a, b, sa, sb, gs), np.float64)
+    a64 = np.asarray(a, np.float64) * np.repeat(np.asarray(sa, np.float64), 128, axis=0).T
+    b64 = np.asarray(b, np.float64) * np.repeat(np.asarray(sb, np.float64), 128, axis=0).T
+    start, ref = 0, np.zeros((groups, m, n))
+    for g, size in enumerate(max(s, 0) for s in sizes):
+        end = min(start + size, rows)
+        ref[g] = a64[:, start:end] @ b64[:, start:end].T
+        start = min(start + -(-size // 128) * 128, rows)
+    assert _rel(out, ref) < 5e-3
+    assert not out[[g for g, s in enumerate(sizes) if s <= 0]].any()
+    assert np.array_equal(np.asarray(run(a, b, sa, sb, gs), np.float64), out)  # repeatable bit for bit
+
+
+def test_the_recipes_grouped_weight_gradient_runs_the_kernel(monkeypatch):
+    """With the ragged_k row taken unpinned, fp8_grouped's weight gradient
+    runs on it and matches the float64 product of the same fp8 values."""
+    row = _weight_gradient_row()
+    menu = tuple(dataclasses.replace(v, validated=True) for v in tables.load_menu())
+    monkeypatch.setattr(tables, "load_menu", lambda *args: menu)
+    rows, k, n, sizes = 1024, 512, 384, jnp.asarray([300, 0, 212, 500], jnp.int32)
+    kx, kd = jax.random.split(fresh_key())
+    x = jax.random.normal(kx, (rows, k), jnp.bfloat16)
+    dy = jax.random.normal(kd, (rows, n), jnp.bfloat16)
+    run = jax.jit(lambda x, dy: grouped_weight_gradient(x, dy, sizes, E4M3, jnp.bfloat16))
+    text = run.lower(x, dy).as_text()
+    assert tables.FFI_TARGETS["scaled_ragged_dot"] in text and row
+    out = np.asarray(run(x, dy), np.float64)
+    ends = np.cumsum(np.asarray(sizes))
+    x64, dy64 = np.asarray(x, np.float64), np.asarray(dy, np.float64)
+    ref = np.stack([x64[e - s : e].T @ dy64[e - s : e] for s, e in zip(np.asarray(sizes), ends)])
+    assert not out[1].any()
+    assert _rel(out, ref) < 5e-2  # e4m3 on both operands: the recipe's own error

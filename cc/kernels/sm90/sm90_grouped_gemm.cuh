@@ -8,6 +8,8 @@
 // are 1x1 over a persistent grid of the device's SMs.
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cutlass/gemm/kernel/tile_scheduler.hpp>
 
@@ -44,10 +46,12 @@ using GroupedGemm =
                        cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, Problem,
                        WorkQueueScheduling>;
 
-// fp8 with float32 block scales, ragged_m: CUTLASS's blockwise-scaled array
-// mainloop on the same work queue. Its auxiliary scale-load warp counts among
-// the scheduler pipeline's consumers in CUTLASS's array kernel, unlike the
-// dense kernel's (sm90_gemm_ws_persistent.cuh).
+// fp8 with float32 block scales: CUTLASS's blockwise-scaled array mainloop on
+// the same work queue, ragged_m (the forward, d_input) with 128x128 weight
+// blocks, ragged_k (d_weight) with both operands in token tiles. Its
+// auxiliary scale-load warp counts among the scheduler pipeline's consumers
+// in CUTLASS's array kernel, unlike the dense kernel's
+// (sm90_gemm_ws_persistent.cuh).
 template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
           int TileK, int Stages, RaggedProblem Problem>
 using GroupedBlockwiseGemm =
@@ -56,6 +60,8 @@ using GroupedBlockwiseGemm =
                        cute::Shape<cute::_1, cute::_1, cute::_1>, Stages,
                        cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise,
                        cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, Problem,
-                       WorkQueueScheduling, GroupedBlockScaledOperands>;
+                       WorkQueueScheduling,
+                       std::conditional_t<Problem == RaggedProblem::kRaggedM,
+                                          GroupedBlockScaledOperands, GroupedTokenScaledOperands>>;
 
 }  // namespace jax_cluster::sm90
