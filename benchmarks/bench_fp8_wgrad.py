@@ -167,7 +167,8 @@ def measure(model, tokens, groups, k, n, torch, why_no_torch, iterations) -> dic
     row["jc_bf16_ms"] = timing.cupti_ms(lambda x, dy, gs: ragged(x, dy, gs, problem="ragged_k"), acts, iterations)
     if row.get("jc_ms"):
         recipe = lambda x, dy, gs: grouped_weight_gradient(x, dy, gs, E4M3, jnp.bfloat16, plan=plan)  # noqa: E731
-        row["jc_recipe_ms"] = timing.cupti_ms(recipe, acts, iterations)
+        row["jc_recipe_ms"], kernels = timing.cupti_kernels(recipe, acts, iterations)
+        row["jc_recipe_kernels"] = [[name[:80], ms] for name, ms in kernels[:6]]  # where the recipe's time goes
     del acts
     if torch is None:
         row["torch_error"] = why_no_torch

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jax_cluster.ops.quantize import dequantize, quantize
 from jax_cluster.planning.plan import Plan
 from jax_cluster.planning.tables import BLOCK_SCALED_DTYPES, SCALE_BLOCK
 from jax_cluster.primitives import plans, token_tiles
@@ -34,6 +33,8 @@ from jax_cluster.primitives.scaled_ragged import (
     scaled_ragged_k_call,
     scaled_ragged_k_dot,
 )
+
+E4M3 = jnp.dtype(jnp.float8_e4m3fn)
 
 
 def scaled_grouped_product(lhs, rhs, group_sizes, rhs_layout: str, out_dtype, plan: Plan | None):
@@ -63,15 +64,28 @@ def scaled_grouped_product(lhs, rhs, group_sizes, rhs_layout: str, out_dtype, pl
 
 
 def token_tiled(x, sizes, rows: int, dtype):
-    """x [M, C], its rows sorted by group (`sizes` already cut at M), as a
-    QArray of [C, rows]: 1 x 128 tiles along the rows in the block-aligned
-    layout, zeros between groups."""
+    """x [M, C], its rows sorted by group (`sizes` already cut at M), in the
+    block-aligned layout as (values [C, rows] fp8, scales [rows/128, C]
+    float32): one scale per 128 rows of a column, amax / the format's largest
+    value (1 for an all-zero tile), zeros between groups. Written as one
+    gather, one tile reduction and one scaling pass that ends in the transpose
+    of the fp8 values, so XLA reads x twice and writes one byte per value."""
     sources = jnp.cumsum(sizes) - sizes  # each group's first row in x
     starts, _ = token_tiles.group_starts(sizes, rows)
     owner, valid = token_tiles.row_owners(sizes, rows)
     source = sources[owner] + jnp.arange(rows, dtype=starts.dtype) - starts[owner]
-    taken = jnp.take(x, jnp.where(valid, source, 0), axis=0)
-    return quantize(jnp.where(valid[:, None], taken, jnp.zeros((), x.dtype)).T, dtype=dtype)
+    taken = jnp.take(x, jnp.where(valid, source, 0), axis=0).astype(jnp.float32)
+    tiles = jnp.where(valid[:, None], taken, 0.0).reshape(rows // SCALE_BLOCK, SCALE_BLOCK, x.shape[1])
+    largest = float(jnp.finfo(dtype).max)
+    amax = jnp.max(jnp.abs(tiles), axis=1)
+    scales = jnp.where(amax > 0, amax / largest, 1.0)
+    values = jnp.clip(tiles / scales[:, None, :], -largest, largest).astype(dtype)
+    return values.reshape(rows, x.shape[1]).T, scales
+
+
+def _dequantized_rows(values, scales, dtype):
+    """[rows, C] in `dtype` from token_tiled's (values, scales)."""
+    return (values.T.astype(jnp.float32) * jnp.repeat(scales, SCALE_BLOCK, axis=0)).astype(dtype)
 
 
 def grouped_weight_gradient(x, dy, group_sizes, grad_dtype, out_dtype, plan: Plan | None = None):
@@ -83,18 +97,15 @@ def grouped_weight_gradient(x, dy, group_sizes, grad_dtype, out_dtype, plan: Pla
     groups = group_sizes.shape[0]
     rows = token_tiles.padded_rows(x.shape[0], groups)
     sizes = clamp_group_sizes(group_sizes, x.shape[0])
-    qx = token_tiled(x, sizes, rows, jnp.float8_e4m3fn)
-    qdy = token_tiled(dy, sizes, rows, grad_dtype)
+    (xq, x_scales), (dyq, dy_scales) = (token_tiled(v, sizes, rows, d) for v, d in ((x, E4M3), (dy, grad_dtype)))
     k, n = x.shape[1], dy.shape[1]
-    if qx.qvalue.dtype == qdy.qvalue.dtype:
-        call = scaled_ragged_k_call(k, n, rows, groups, qx.qvalue.dtype, out_dtype)
+    if xq.dtype == dyq.dtype:
+        call = scaled_ragged_k_call(k, n, rows, groups, xq.dtype, out_dtype)
         plan = plans.choose(call, plan, None, "jax_cluster")
         if plan.uses_kernel:
-            return scaled_ragged_k_dot(
-                qx.qvalue, qdy.qvalue, qx.scale.T, qdy.scale.T, sizes, out_dtype=out_dtype, plan=plan
-            )
+            return scaled_ragged_k_dot(xq, dyq, x_scales, dy_scales, sizes, out_dtype=out_dtype, plan=plan)
     # each group over its whole span (the rows between groups are zeros)
     starts, _ = token_tiles.group_starts(sizes, rows)
     spans = jnp.concatenate([starts[1:], jnp.full((1,), rows, starts.dtype)]) - starts
-    xv, dyv = dequantize(qx, jnp.bfloat16).T, dequantize(qdy, jnp.bfloat16).T
+    xv, dyv = _dequantized_rows(xq, x_scales, jnp.bfloat16), _dequantized_rows(dyq, dy_scales, jnp.bfloat16)
     return ragged(xv, dyv, spans, problem="ragged_k", out_dtype=out_dtype)
