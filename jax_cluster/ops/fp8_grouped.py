@@ -105,7 +105,6 @@ def grouped_weight_gradient(x, dy, group_sizes, grad_dtype, out_dtype, plan: Pla
         if plan.uses_kernel:
             return scaled_ragged_k_dot(xq, dyq, x_scales, dy_scales, sizes, out_dtype=out_dtype, plan=plan)
     # each group over its whole span (the rows between groups are zeros)
-    starts, _ = token_tiles.group_starts(sizes, rows)
-    spans = jnp.concatenate([starts[1:], jnp.full((1,), rows, starts.dtype)]) - starts
+    spans = token_tiles.group_spans(sizes, rows)
     xv, dyv = _dequantized_rows(xq, x_scales, jnp.bfloat16), _dequantized_rows(dyq, dy_scales, jnp.bfloat16)
     return ragged(xv, dyv, spans, problem="ragged_k", out_dtype=out_dtype)

@@ -267,8 +267,7 @@ def _xla_scaled_ragged_k(a, b, scale_a, scale_b, group_sizes, out_dtype):
         x32 = x.T.astype(jnp.float32) * jnp.repeat(scales, SCALE_BLOCK, axis=0)
         return jnp.where(valid[:, None], x32, 0.0)
 
-    starts, _ = token_tiles.group_starts(group_sizes, rows)
-    spans = jnp.concatenate([starts[1:], jnp.full((1,), rows, starts.dtype)]) - starts
+    spans = token_tiles.group_spans(group_sizes, rows)
     dims = lax.RaggedDotDimensionNumbers((((0,), (0,)), ((), ())), lhs_ragged_dimensions=[0], rhs_group_dimensions=[])
     out = lax.ragged_dot_general(
         rows_of(a, scale_a),

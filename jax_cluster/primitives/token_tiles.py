@@ -46,3 +46,11 @@ def row_owners(group_sizes, rows: int):
     index = jnp.arange(rows, dtype=starts.dtype)
     owner = jnp.clip(jnp.searchsorted(starts, index, side="right") - 1, 0, group_sizes.shape[0] - 1)
     return owner, index - starts[owner] < sizes[owner]
+
+
+def group_spans(group_sizes, rows: int):
+    """Rows from each group's start to the next one's (the last to `rows`):
+    contiguous groups that cover the layout, for a ragged product whose rows
+    outside every group are zeros."""
+    starts, _ = group_starts(group_sizes, rows)
+    return jnp.concatenate([starts[1:], jnp.full((1,), rows, starts.dtype)]) - starts

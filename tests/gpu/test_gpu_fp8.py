@@ -79,15 +79,19 @@ def test_rows_the_kernel_cannot_take_fall_back_with_the_same_values():
     assert _rel(out, ref) < 1e-2
 
 
-def _grouped_row() -> str:
+def _scaled_row(problem: str) -> str:
     names = jax_cluster.info().compiled_variants
     row = next(
-        (v.name for v in tables.load_menu() if v.dtype == "e4m3" and v.problem == "ragged_m" and v.name in names),
+        (v.name for v in tables.load_menu() if v.dtype == "e4m3" and v.problem == problem and v.name in names),
         None,
     )
     if row is None:
-        pytest.skip("no block-scaled grouped row is compiled for this GPU")
+        pytest.skip(f"no block-scaled {problem} row is compiled for this GPU")
     return row
+
+
+def _grouped_row() -> str:
+    return _scaled_row("ragged_m")
 
 
 @pytest.mark.parametrize("rhs_layout", ["gkn", "gnk"])
@@ -188,14 +192,7 @@ def test_mx_matmul_runs_the_mx_kernel_and_matches_its_dequantized_values(m, n, k
 
 
 def _weight_gradient_row() -> str:
-    names = jax_cluster.info().compiled_variants
-    row = next(
-        (v.name for v in tables.load_menu() if v.dtype == "e4m3" and v.problem == "ragged_k" and v.name in names),
-        None,
-    )
-    if row is None:
-        pytest.skip("no block-scaled ragged_k row is compiled for this GPU")
-    return row
+    return _scaled_row("ragged_k")
 
 
 @pytest.mark.parametrize("sizes", [[300, 0, 1, 211], [-4, 640, 0, 5, 77], [128] * 9, [2000, 3]], ids=str)
