@@ -174,16 +174,20 @@ def _check_scaled(v: tables.Variant, plans, key) -> list[tuple[float, float]]:
 
 def grouped_cases(v: tables.Variant, clusters: int, quick: bool):
     """(label, groups sizes, rows, K' or K, N): tile counts around the resident
-    CTAs with one tile per group, then uneven groups (empty, one-row, rest unused)."""
+    CTAs with one tile per group, then uneven groups (empty, one-row, rest unused).
+    A block-scaled ragged_k variant takes its rows in the block-aligned layout."""
     per_tile = v.tile_m if v.problem == "ragged_m" else 64
+    scaled = v.dtype in tables.BLOCK_SCALED_DTYPES
     cases = [
         (f"{c} tiles / {clusters} CTAs", [per_tile] * c, per_tile * c, v.tile_m, v.tile_n)
         for c in (max(1, clusters - 1), clusters, clusters + 1)
     ]
     if not quick:
         sizes = [0, 1, 300, 0, 77, 1000, 5, 0, 640]
-        kdim = 1024 if v.dtype in tables.BLOCK_SCALED_DTYPES else 1016  # whole scale blocks
+        kdim = 1024 if scaled else 1016  # whole scale blocks
         cases.append(("uneven groups, rows left over", sizes, sum(sizes) + 123, kdim, 744))
+    if scaled and v.problem == "ragged_k":
+        cases = [(label, s, token_tiles.padded_rows(rows, len(s)), k, n) for label, s, rows, k, n in cases]
     return cases
 
 
@@ -274,8 +278,6 @@ def _check_scaled_grouped(v: tables.Variant, sizes, rows, kdim, ndim, key) -> tu
     groups (ragged_k, whose rows take the block-aligned layout) must be
     exact zeros."""
     groups = len(sizes)
-    if v.problem == "ragged_k":
-        rows = token_tiles.padded_rows(rows, groups)
     operands = scaled_grouped_operands(key, rows, ndim, kdim, groups, DTYPES[v.dtype], v.problem)
     gs = jnp.asarray(sizes, jnp.int32)
     plan = grouped_plan(v, groups, rows, kdim, ndim)
