@@ -1,7 +1,7 @@
 // The grouped GEMM calls (see the contract in kernels/cutlass_grouped_gemm.cuh):
 // kRaggedDotTarget, and kScaledRaggedDotTarget for fp8 operands with float32
-// block scales. The Plan is resolved once per call site (instantiate stage);
-// each call checks its buffers and launches the grouped variant. Group sizes
+// block scales (or, on MX variants, e8m0 scales). The Plan is resolved once per call site
+// (instantiate stage); each call checks its buffers and launches the grouped variant. Group sizes
 // stay on the device; everything wrong comes back as ffi::Error.
 #include "ffi/ragged_ffi.h"
 
@@ -18,6 +18,7 @@
 #include "ffi/buffer_checks.h"
 #include "ffi/dense_call.h"
 #include "ffi/launch.h"
+#include "ffi/mx_scale_checks.h"
 #include "ffi/plan_attr.h"
 #include "ffi/plan_state.h"
 #include "xla/ffi/api/ffi.h"
@@ -103,12 +104,29 @@ std::string check_scale(const char* label, const ffi::AnyBuffer& scale,
 // ceil(N/128)] (each group's 128x128 blocks of B). ragged_k: scale_a
 // [rows/128, K'] and scale_b [rows/128, N'] (both operands in 128-row tiles,
 // each group starting on a tile).
+// MX (ragged_m): e8m0 scale_a [mx_grouped_scale_rows(rows, G) * row bytes],
+// each group's scales starting on a 128-row tile (at the earlier groups'
+// rows, each rounded up to 128), and scale_b [G, layout_size(N, K)].
 std::string scales_from_buffers(const VariantEntry& v, const ffi::AnyBuffer& scale_a,
                                 const ffi::AnyBuffer& scale_b, GemmProblem* p) {
   bool ragged_m = std::string(v.problem) == "ragged_m";
-  if (p->k % kScaleBlock)
+  if (p->k % kScaleBlock)  // the MX kernel's K tile is kScaleBlock deep too
     return std::string(ragged_m ? "K" : "the row count") + " = " + std::to_string(p->k) +
            " is not a multiple of the scale block " + std::to_string(kScaleBlock);
+  if (v.dtype == kMxDtype) {
+    const int64_t row_bytes = mx_scale_row_bytes(p->k);
+    if (std::string err =
+            check_mx_scale("scale_a", scale_a, {mx_grouped_scale_rows(p->m, p->batch) * row_bytes});
+        !err.empty())
+      return err;
+    if (std::string err =
+            check_mx_scale("scale_b", scale_b, {int64_t(p->batch), mx_layout_size(p->n, p->k)});
+        !err.empty())
+      return err;
+    p->mx_scale_a = scale_a.untyped_data();
+    p->mx_scale_b = scale_b.untyped_data();
+    return "";
+  }
   int64_t k_blocks = p->k / kScaleBlock, n_blocks = (p->n + kScaleBlock - 1) / kScaleBlock;
   if (ragged_m) {
     if (std::string err = check_scale<2>("scale_a", scale_a, {p->m, k_blocks}); !err.empty())

@@ -16,6 +16,7 @@
 #include "ffi/buffer_checks.h"
 #include "ffi/dense_call.h"
 #include "ffi/launch.h"
+#include "ffi/mx_scale_checks.h"
 #include "ffi/plan_attr.h"
 #include "ffi/plan_state.h"
 #include "xla/ffi/api/ffi.h"
@@ -42,31 +43,12 @@ std::string check_scale(const char* label, const ffi::AnyBuffer& scale, int64_t 
   return "";
 }
 
-// Bytes of an [rows, K] operand's MX scales in the kernel's layout: rows
-// padded to 128 and K/32 to 4 (CUTLASS's 128 x 4 scale-factor atom).
-int64_t mx_layout_size(int64_t rows, int64_t k) {
-  int64_t blocks = (k + kMxScaleBlock - 1) / kMxScaleBlock;
-  return (rows + 127) / 128 * 128 * ((blocks + 3) / 4 * 4);
-}
-
-// "" when `scale` is e8m0 [size], else what is wrong with it.
-std::string check_mx_scale(const char* label, const ffi::AnyBuffer& scale, int64_t size) {
-  auto dims = scale.dimensions();
-  if (scale.element_type() != ffi::DataType::F8E8M0FNU)
-    return std::string(label) + " must be float8_e8m0fnu (MX scales)";
-  if (dims.size() != 1 || dims[0] != size)
-    return std::string(label) + " must be [" + std::to_string(size) +
-           "] (the kernel's scale-factor layout)";
-  if (!aligned16(scale.untyped_data())) return std::string(label) + " must be 16-byte aligned";
-  return "";
-}
-
 std::string mx_problem(const ffi::AnyBuffer& scale_a, const ffi::AnyBuffer& scale_b,
                        GemmProblem* p) {
-  if (std::string err = check_mx_scale("scale_a", scale_a, mx_layout_size(p->m, p->k));
+  if (std::string err = check_mx_scale("scale_a", scale_a, {mx_layout_size(p->m, p->k)});
       !err.empty())
     return err;
-  if (std::string err = check_mx_scale("scale_b", scale_b, mx_layout_size(p->n, p->k));
+  if (std::string err = check_mx_scale("scale_b", scale_b, {mx_layout_size(p->n, p->k)});
       !err.empty())
     return err;
   p->mx_scale_a = scale_a.untyped_data();

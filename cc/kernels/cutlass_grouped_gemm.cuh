@@ -12,6 +12,8 @@
 //   ragged_k, block-scaled: A [K', rows] and B [N', rows] (K-major, the rows
 //             contiguous), each group's rows starting at a multiple of 128
 //             (kScaleBlock); D [G, K', N'].
+//   ragged_m, MX (sm100): A [rows, K] and B [G, N, K] in e4m3, K-major, with
+//             e8m0 scales as GroupedMxOperands lays them out.
 // Workspace: ragged_workspace.cuh (per-group arrays, then CUTLASS's).
 #pragma once
 
@@ -25,16 +27,26 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 
 #include "common/gemm_problem.h"
+#include "common/mx_scale_layout.h"
 #include "kernels/cutlass_universal_gemm.cuh"
 #include "kernels/ragged_groups.cuh"
 #include "kernels/ragged_workspace.cuh"
 
 namespace jax_cluster {
 
-// How the grouped mainloop reads A and B (a variant's dtype decides).
+// How the grouped mainloop reads A and B (a variant's dtype decides): the
+// builder's operator class and layout tags, the values A's and B's buffers
+// hold, the scale arrays the workspace keeps per group, and where each
+// group's scales lie (set_group_scales, called by the prepare kernel of
+// ragged_groups.cuh with the group's GroupSpan).
 struct GroupedPlainOperands {
   static constexpr bool kBlockScaled = false;
   static constexpr bool kBlockAlignedGroups = false;
+  static constexpr bool kAlignedScaleRows = false;
+  using OpClass = cutlass::arch::OpClassTensorOp;
+  template <class ElementAB>
+  using Value = ElementAB;
+  using Scales = GroupScaleTypes<>;
   template <int Stages, int EpilogueBytes>
   using StageCount = cutlass::gemm::collective::StageCount<Stages>;
   template <class Layout>
@@ -45,15 +57,23 @@ struct GroupedPlainOperands {
   static MainloopArguments mainloop(const Arrays& arrays) {
     return {arrays.a, arrays.stride_a, arrays.b, arrays.stride_b};
   }
+  static bool has_scales(const GemmProblem&) { return true; }
+  template <RaggedProblem P, class Arrays>
+  __device__ static void set_group_scales(Arrays&, GroupSpan, int, int, int, const void*,
+                                          const void*) {}
 };
 
-// fp8 A and B with float32 block scales (ragged_m): A in 1 x kScaleBlock tiles
-// with its scales K-major, [rows, K/128], so each group's are one contiguous
-// slice of rows; each group's B [N, K] in kScaleBlock x kScaleBlock blocks, one
-// [K/128, ceil(N/128)] block of scales (MN-major) per group.
+// fp8 A and B with float32 block scales on CUTLASS's sm90 blockwise array
+// mainloop, which lays each group's scales out from the group's own shape
+// (it reads no per-group layout arrays).
 template <class ScaleConfig>
 struct GroupedScaledOperands {
   static constexpr bool kBlockScaled = true;
+  static constexpr bool kAlignedScaleRows = false;
+  using OpClass = cutlass::arch::OpClassTensorOp;
+  template <class ElementAB>
+  using Value = ElementAB;
+  using Scales = GroupScaleTypes<float>;
   template <int Stages, int EpilogueBytes>
   using StageCount = cutlass::gemm::collective::StageCountAutoCarveout<EpilogueBytes>;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
@@ -64,30 +84,95 @@ struct GroupedScaledOperands {
   using LayoutB = cute::tuple<Layout*, LayoutSFB*>;
   template <class MainloopArguments, class Arrays>
   static MainloopArguments mainloop(const Arrays& arrays) {
-    // CUTLASS's sm90 array mainloop lays each group's scales out from the
-    // group's own shape; it does not read per-group layout arrays.
     return {arrays.a,       arrays.stride_a, arrays.b,       arrays.stride_b,
             arrays.scale_a, nullptr,         arrays.scale_b, nullptr};
   }
+  static bool has_scales(const GemmProblem& p) {
+    return p.scale_a != nullptr && p.scale_b != nullptr;
+  }
 };
 
+// ragged_m: A in 1 x kScaleBlock tiles with its scales K-major, [rows,
+// K/128], so each group's are one contiguous slice of rows; each group's B
+// [N, K] in kScaleBlock x kScaleBlock blocks, one [K/128, ceil(N/128)] block
+// of scales (MN-major) per group.
 struct GroupedBlockScaledOperands
     : GroupedScaledOperands<cutlass::detail::Sm90BlockwiseScaleConfig<
           1, kScaleBlock, kScaleBlock, cute::GMMA::Major::K, cute::GMMA::Major::MN>> {
   static constexpr bool kBlockAlignedGroups = false;
+  template <RaggedProblem P, class Arrays>
+  __device__ static void set_group_scales(Arrays& out, GroupSpan s, int, int n, int k,
+                                          const void* scale_a, const void* scale_b) {
+    static_assert(P == RaggedProblem::kRaggedM);
+    const int64_t k_blocks = k / kScaleBlock, n_blocks = (n + kScaleBlock - 1) / kScaleBlock;
+    out.scale_a[s.g] = static_cast<const float*>(scale_a) + s.start * k_blocks;
+    out.scale_b[s.g] = static_cast<const float*>(scale_b) + int64_t(s.g) * k_blocks * n_blocks;
+  }
 };
 
-// fp8 A and B with float32 scales for the weight gradient (ragged_k), where
-// both operands run along the contracted tokens in 1 x kScaleBlock tiles. A
-// tile must not straddle two groups, so each group's rows start at a
-// multiple of kScaleBlock (the producer pads); the tails past a group's size
-// are outside its TMA box and read as zeros. Scales MN-major, [rows/128, K']
-// and [rows/128, N']: each group's are one contiguous slice of block rows,
-// laid out as CUTLASS's array mainloop expects from the group's own shape.
+// ragged_k (the weight gradient): both operands run along the contracted
+// tokens in 1 x kScaleBlock tiles. A tile must not straddle two groups, so
+// each group's rows start at a multiple of kScaleBlock (the producer pads);
+// the tails past a group's size are outside its TMA box and read as zeros.
+// Scales MN-major, [rows/128, K'] and [rows/128, N']: each group's are one
+// contiguous slice of block rows.
 struct GroupedTokenScaledOperands
     : GroupedScaledOperands<cutlass::detail::Sm90BlockwiseScaleConfig<
           1, 1, kScaleBlock, cute::GMMA::Major::MN, cute::GMMA::Major::MN>> {
   static constexpr bool kBlockAlignedGroups = true;
+  template <RaggedProblem P, class Arrays>
+  __device__ static void set_group_scales(Arrays& out, GroupSpan s, int m, int n, int,
+                                          const void* scale_a, const void* scale_b) {
+    static_assert(P == RaggedProblem::kRaggedK);
+    out.scale_a[s.g] = static_cast<const float*>(scale_a) + s.start / kScaleBlock * m;
+    out.scale_b[s.g] = static_cast<const float*>(scale_b) + s.start / kScaleBlock * n;
+  }
+};
+
+// MXFP8 (sm100, ragged_m): A [rows, K] and each group's B [N, K] in e4m3,
+// K-major, one e8m0 scale per kMxScaleBlock values along K, which the
+// block-scaled UMMA applies itself. CUTLASS's array mainloop reads each
+// group's scale factors through a pointer and a layout per group, in its
+// Sm1xxBlockScaledConfig layout: 128-row tiles, so each group's scales start
+// on a row tile. scale_a holds the groups' tiles one after another, group g's
+// at row aligned_start (the earlier groups' rows, each rounded up to 128:
+// primitives/mx_scales.py writes them so); scale_b holds G blocks of
+// layout_size(N, K) bytes.
+struct GroupedMxOperands {
+  static constexpr bool kBlockScaled = true;
+  static constexpr bool kBlockAlignedGroups = false;
+  static constexpr bool kAlignedScaleRows = true;
+  using OpClass = cutlass::arch::OpClassBlockScaledTensorOp;
+  template <class ElementAB>
+  using Value = typename ElementAB::DataType;
+  using Config = cutlass::detail::Sm1xxBlockScaledConfig<kMxScaleBlock>;
+  using Scales = GroupScaleTypes<cutlass::float_ue8m0_t, decltype(Config::deduce_layoutSFA()),
+                                 decltype(Config::deduce_layoutSFB())>;
+  template <int Stages, int EpilogueBytes>
+  using StageCount = cutlass::gemm::collective::StageCountAutoCarveout<EpilogueBytes>;
+  template <class Layout>
+  using LayoutA = Layout*;
+  template <class Layout>
+  using LayoutB = Layout*;
+  template <class MainloopArguments, class Arrays>
+  static MainloopArguments mainloop(const Arrays& arrays) {
+    return {arrays.a,       arrays.stride_a,   arrays.b,       arrays.stride_b,
+            arrays.scale_a, arrays.layout_sfa, arrays.scale_b, arrays.layout_sfb};
+  }
+  static bool has_scales(const GemmProblem& p) {
+    return p.mx_scale_a != nullptr && p.mx_scale_b != nullptr;
+  }
+  template <RaggedProblem P, class Arrays>
+  __device__ static void set_group_scales(Arrays& out, GroupSpan s, int, int n, int k,
+                                          const void* scale_a, const void* scale_b) {
+    static_assert(P == RaggedProblem::kRaggedM, "MX grouped rows are ragged_m");
+    using SF = cutlass::float_ue8m0_t;
+    out.scale_a[s.g] = static_cast<const SF*>(scale_a) + s.aligned_start * mx_scale_row_bytes(k);
+    out.scale_b[s.g] = static_cast<const SF*>(scale_b) + int64_t(s.g) * mx_layout_size(n, k);
+    auto shape = cute::make_shape(s.rows, n, k, 1);
+    out.layout_sfa[s.g] = Config::tile_atom_to_shape_SFA(shape);
+    out.layout_sfb[s.g] = Config::tile_atom_to_shape_SFB(shape);
+  }
 };
 
 // Scheduling provides: ProblemShape (the tag type that selects its CUTLASS
@@ -99,14 +184,15 @@ template <class Arch, class ElementAB, class ElementD, class LayoutA, class Layo
           class EpilogueSchedule, RaggedProblem Problem, class Scheduling,
           class Operands = GroupedPlainOperands>
 struct CutlassGroupedGemm {
-  static constexpr int kAlignAB = 16 / sizeof(ElementAB);
+  using Value = typename Operands::template Value<ElementAB>;  // what A's and B's buffers hold
+  static constexpr int kAlignAB = 16 / sizeof(Value);
   static constexpr int kAlignD = 16 / sizeof(ElementD);
   using ProblemShape = typename Scheduling::ProblemShape;
+  using OpClass = typename Operands::OpClass;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      Arch, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void,
-      cutlass::layout::RowMajor*, kAlignD,  // no C operand: beta = 0
+      Arch, OpClass, TileShape, ClusterShape, cutlass::epilogue::collective::EpilogueTileAuto,
+      float, float, void, cutlass::layout::RowMajor*, kAlignD,  // no C operand: beta = 0
       ElementD, cutlass::layout::RowMajor*, kAlignD, EpilogueSchedule>::CollectiveOp;
 
   // the weight gradient's scale tiles run along the ragged rows: groups must start on a tile
@@ -114,9 +200,8 @@ struct CutlassGroupedGemm {
                     Operands::kBlockAlignedGroups == (Problem == RaggedProblem::kRaggedK),
                 "block-scaled ragged_k needs block-aligned groups, ragged_m does not");
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      Arch, cutlass::arch::OpClassTensorOp, ElementAB, typename Operands::template LayoutA<LayoutA>,
-      kAlignAB, ElementAB, typename Operands::template LayoutB<LayoutB>, kAlignAB, float, TileShape,
-      ClusterShape,
+      Arch, OpClass, ElementAB, typename Operands::template LayoutA<LayoutA>, kAlignAB, ElementAB,
+      typename Operands::template LayoutB<LayoutB>, kAlignAB, float, TileShape, ClusterShape,
       typename Operands::template StageCount<
           Stages, static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
       MainloopSchedule>::CollectiveOp;
@@ -135,8 +220,8 @@ struct CutlassGroupedGemm {
   using StrideA = typename Kernel::InternalStrideA;
   using StrideB = typename Kernel::InternalStrideB;
   using StrideD = typename Kernel::InternalStrideD;
-  using Arrays =
-      RaggedGroupArrays<Shape, ElementAB, ElementAB, ElementD, StrideA, StrideB, StrideD>;
+  using Arrays = RaggedGroupArrays<Shape, Value, Value, ElementD, StrideA, StrideB, StrideD,
+                                   typename Operands::Scales>;
   using Workspace = RaggedWorkspace<Arrays, Problem>;
   using Launch = typename Scheduling::Launch;
 
@@ -179,13 +264,12 @@ struct CutlassGroupedGemm {
       return "a grouped variant runs its kind's one schedule only";
     Launch launch = Scheduling::launch(p);
     if (!launch.fits()) return "too many tiles for one grouped launch";
-    if (Operands::kBlockScaled && (p.scale_a == nullptr || p.scale_b == nullptr))
-      return "a block-scaled variant needs the scales of A and B";
+    if (!Operands::has_scales(p)) return "a block-scaled variant needs the scales of A and B";
     auto l = Workspace::layout(p.batch, cutlass_workspace(p, s, launch), Scheduling::kTileStart,
                                Operands::kBlockScaled);
     if (l.total > workspace_bytes) return "workspace buffer is smaller than the variant needs";
     Arrays arrays = Workspace::arrays(workspace, l, Scheduling::kTileStart, Operands::kBlockScaled);
-    if (const char* err = Workspace::template prepare<Operands::kBlockAlignedGroups>(
+    if (const char* err = Workspace::template prepare<Operands>(
             p, arrays, 2 * s.sm_count, stream, launch.cluster_tile_m, launch.tiles_n))
       return err;
     return initialize_and_run<Gemm>(arguments(p, s, arrays, launch),

@@ -12,6 +12,7 @@
 // tiles; callers that do not need it (sm90) leave tile_start null.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -27,9 +28,28 @@ namespace jax_cluster {
 // ragged_k: D[g] = A[rows of g]ᵀ · B[rows of g]; a group without rows is zero.
 enum class RaggedProblem : int { kRaggedM = 0, kRaggedK = 1 };
 
+// The scale arrays of a block-scaled grouped GEMM: each group's scale
+// pointer, and (MX only) each group's scale-factor layout; void layouts
+// where the mainloop derives them from the group's shape.
+template <class Element = float, class LayoutSFA = void, class LayoutSFB = void>
+struct GroupScaleTypes {
+  using ElementType = Element;
+  using LayoutSFAType = LayoutSFA;
+  using LayoutSFBType = LayoutSFB;
+};
+
+template <class T>
+inline constexpr size_t bytes_of = sizeof(T);
+template <>
+inline constexpr size_t bytes_of<void> = 0;
+
 template <class Shape, class ElementA, class ElementB, class ElementD, class StrideA, class StrideB,
-          class StrideD>
+          class StrideD, class Scales = GroupScaleTypes<>>
 struct RaggedGroupArrays {
+  using ElementScale = typename Scales::ElementType;
+  using LayoutSFA = typename Scales::LayoutSFAType;
+  using LayoutSFB = typename Scales::LayoutSFBType;
+
   Shape* shapes;
   const ElementA** a;
   const ElementB** b;
@@ -39,11 +59,13 @@ struct RaggedGroupArrays {
   StrideD* stride_d;
   // [groups + 1]: first cluster tile of each group; [groups] is the total.
   int32_t* tile_start = nullptr;
-  // Block-scaled (fp8) only: each group's scale arrays. ragged_m: a slice
-  // of scale_a [rows, K/128] and scale_b [G, K/128, ceil(N/128)]; ragged_k:
-  // slices of block rows of scale_a [rows/128, K'] and scale_b [rows/128, N'].
-  const float** scale_a = nullptr;
-  const float** scale_b = nullptr;
+  // Block-scaled (fp8) only: each group's scale arrays (the Operands policy
+  // of kernels/cutlass_grouped_gemm.cuh says where they lie), and for MX each
+  // group's scale-factor layouts.
+  const ElementScale** scale_a = nullptr;
+  const ElementScale** scale_b = nullptr;
+  LayoutSFA* layout_sfa = nullptr;
+  LayoutSFB* layout_sfb = nullptr;
 
   using ShapeType = Shape;
   using ElementAType = ElementA;
@@ -54,7 +76,21 @@ struct RaggedGroupArrays {
   using StrideDType = StrideD;
 };
 
+// Where group g lies, as the prepare kernel hands it to an Operands policy:
+// its first row (in the rows' own layout) and row count, and its first row
+// in a layout where every group starts on a kScaleBlock boundary (the MX
+// scale factors' row tiles; equal to start for block-aligned rows).
+struct GroupSpan {
+  int g;
+  int64_t start, aligned_start;
+  int rows;
+};
+
 inline constexpr int kRaggedPrepThreads = 256;
+
+__host__ __device__ constexpr int64_t round_up_to_tile(int64_t rows) {
+  return (rows + kScaleBlock - 1) / kScaleBlock * kScaleBlock;
+}
 
 // Every block runs the same exclusive scan of the clamped sizes, chunk by
 // chunk (a few hundred integers: cheaper than a second launch, which cost
@@ -63,25 +99,28 @@ inline constexpr int kRaggedPrepThreads = 256;
 // aligned), the output no tile covers: ragged_m, rows [covered, M) of D;
 // ragged_k, D[g] of every group without rows.
 // `rows` is M of the ragged dimension; (m, n, k) is the GEMM view of the
-// launch. BlockAligned (block-scaled ragged_k): A [m, rows] and B [n, rows]
+// launch. Operands (kernels/cutlass_grouped_gemm.cuh) says how the operands'
+// rows are laid out and writes each group's scale arrays:
+// kBlockAlignedGroups (block-scaled ragged_k): A [m, rows] and B [n, rows]
 // hold the rows contiguous, and group g starts at the sum of the earlier
 // sizes each rounded up to kScaleBlock (so no scale tile straddles groups),
-// cut at `rows` like the sizes themselves. Strides are the same for every group (each group is a
-// slice of one packed buffer), so the host computes them once. scale_a and scale_b are the block
-// scales of a block-scaled launch (out.scale_a set), else unused. With out.tile_start set, a
-// cluster tile is cluster_tile_m rows by one of tiles_n column tiles.
-template <RaggedProblem P, bool BlockAligned, class Arrays, class StrideA, class StrideB,
+// cut at `rows` like the sizes themselves. Strides are the same for every
+// group (each group is a slice of one packed buffer), so the host computes
+// them once. With out.tile_start set, a cluster tile is cluster_tile_m rows
+// by one of tiles_n column tiles.
+template <RaggedProblem P, class Operands, class Arrays, class StrideA, class StrideB,
           class StrideD>
 __global__ void __launch_bounds__(kRaggedPrepThreads)
     prepare_ragged_groups(const int32_t* group_sizes, int groups, int64_t rows, int m, int n, int k,
                           const void* a, const void* b, void* d, Arrays out, StrideA stride_a,
                           StrideB stride_b, StrideD stride_d, int cluster_tile_m, int tiles_n,
-                          int64_t row_bytes, const float* scale_a, const float* scale_b) {
+                          int64_t row_bytes, const void* scale_a, const void* scale_b) {
+  constexpr bool kBlockAligned = Operands::kBlockAlignedGroups;
   using Scan = cub::BlockScan<int64_t, kRaggedPrepThreads>;
-  __shared__ typename Scan::TempStorage temp, tile_temp;
-  __shared__ int64_t carry, tile_carry;
+  __shared__ typename Scan::TempStorage temp, tile_temp, aligned_temp;
+  __shared__ int64_t carry, tile_carry, aligned_carry;
   __shared__ bool empty[kRaggedPrepThreads];
-  if (threadIdx.x == 0) carry = 0, tile_carry = 0;
+  if (threadIdx.x == 0) carry = 0, tile_carry = 0, aligned_carry = 0;
   __syncthreads();
   using EA = typename std::remove_cv_t<std::remove_pointer_t<decltype(out.a)>>;
   using EB = typename std::remove_cv_t<std::remove_pointer_t<decltype(out.b)>>;
@@ -94,18 +133,22 @@ __global__ void __launch_bounds__(kRaggedPrepThreads)
     int g = base + threadIdx.x;
     int64_t size = g < groups ? max(group_sizes[g], 0) : 0;
     // the rows a group takes: its size, or its size in whole scale tiles
-    int64_t span = BlockAligned ? (size + kScaleBlock - 1) / kScaleBlock * kScaleBlock : size;
+    int64_t span = kBlockAligned ? round_up_to_tile(size) : size;
     int64_t offset, chunk_total;
     Scan(temp).ExclusiveSum(span, offset, chunk_total);
     int64_t start = min(carry + offset, rows), end = min(carry + offset + size, rows);
     int g_rows = static_cast<int>(end - start);
+    // each group's rows rounded up to whole tiles: where its scale tiles start
+    int64_t aligned_offset = 0, aligned_total = 0;
+    if constexpr (Operands::kAlignedScaleRows)
+      Scan(aligned_temp).ExclusiveSum(round_up_to_tile(g_rows), aligned_offset, aligned_total);
     if (writer && g < groups) {
       if constexpr (P == RaggedProblem::kRaggedM) {
         out.shapes[g] = {g_rows, n, k};
         out.a[g] = static_cast<EA>(a) + start * k;
         out.b[g] = static_cast<EB>(b) + int64_t(g) * n * k;
         out.d[g] = static_cast<ED>(d) + start * n;
-      } else if constexpr (BlockAligned) {
+      } else if constexpr (kBlockAligned) {
         // A [m, rows] and B [n, rows]: a group is a column slice; an empty one gets no tiles.
         out.shapes[g] = {g_rows > 0 ? m : 0, n, g_rows};
         out.a[g] = static_cast<EA>(a) + start;
@@ -121,16 +164,9 @@ __global__ void __launch_bounds__(kRaggedPrepThreads)
       out.stride_a[g] = stride_a;
       out.stride_b[g] = stride_b;
       out.stride_d[g] = stride_d;
-      if constexpr (P == RaggedProblem::kRaggedM) {
-        if (out.scale_a != nullptr) {  // rows of scale_a, one [K/128, N/128] block of B
-          const int64_t k_blocks = k / kScaleBlock, n_blocks = (n + kScaleBlock - 1) / kScaleBlock;
-          out.scale_a[g] = scale_a + start * k_blocks;
-          out.scale_b[g] = scale_b + int64_t(g) * k_blocks * n_blocks;
-        }
-      } else if constexpr (BlockAligned) {  // the group's block rows of both scales
-        out.scale_a[g] = scale_a + start / kScaleBlock * m;
-        out.scale_b[g] = scale_b + start / kScaleBlock * n;
-      }
+      const int64_t aligned_start = kBlockAligned ? start : aligned_carry + aligned_offset;
+      Operands::template set_group_scales<P>(out, GroupSpan{g, start, aligned_start, g_rows}, m, n,
+                                             k, scale_a, scale_b);
     }
     int64_t tile_chunk_total = 0;
     if (writer && out.tile_start != nullptr) {
@@ -155,7 +191,8 @@ __global__ void __launch_bounds__(kRaggedPrepThreads)
       }
     }
     __syncthreads();
-    if (threadIdx.x == 0) carry += chunk_total, tile_carry += tile_chunk_total;
+    if (threadIdx.x == 0)
+      carry += chunk_total, tile_carry += tile_chunk_total, aligned_carry += aligned_total;
     __syncthreads();
   }
   if (writer && threadIdx.x == 0 && out.tile_start != nullptr)

@@ -2,8 +2,8 @@
 // that fills it, shared by the sm90 and sm100 grouped kernels.
 //
 // Layout (each part 128-byte aligned): the per-group arrays of
-// ragged_groups.cuh, the per-group scale pointers (block-scaled variants
-// only), tile_start (only for schedulers
+// ragged_groups.cuh, the per-group scale pointers and, for MX, scale-factor
+// layouts (block-scaled variants only), tile_start (only for schedulers
 // that map linear tile ids to groups), then CUTLASS's own workspace.
 #pragma once
 
@@ -28,11 +28,14 @@ struct RaggedWorkspace {
   using ElementA = typename Arrays::ElementAType;
   using ElementB = typename Arrays::ElementBType;
   using ElementD = typename Arrays::ElementDType;
+  using ElementScale = typename Arrays::ElementScale;
+  using LayoutSFA = typename Arrays::LayoutSFA;
+  using LayoutSFB = typename Arrays::LayoutSFB;
 
   // Byte offsets; tile_start has no bytes unless asked for.
   struct Layout {
-    size_t shapes, a, b, d, stride_a, stride_b, stride_d, scale_a, scale_b, tile_start, cutlass,
-        total;
+    size_t shapes, a, b, d, stride_a, stride_b, stride_d, scale_a, scale_b, layout_sfa, layout_sfb,
+        tile_start, cutlass, total;
   };
 
   static Layout layout(int groups, size_t cutlass_bytes, bool with_tile_start,
@@ -52,8 +55,10 @@ struct RaggedWorkspace {
     l.stride_a = take(groups * sizeof(StrideA));
     l.stride_b = take(groups * sizeof(StrideB));
     l.stride_d = take(groups * sizeof(StrideD));
-    l.scale_a = take(with_scales ? groups * sizeof(float*) : 0);
-    l.scale_b = take(with_scales ? groups * sizeof(float*) : 0);
+    l.scale_a = take(with_scales ? groups * sizeof(ElementScale*) : 0);
+    l.scale_b = take(with_scales ? groups * sizeof(ElementScale*) : 0);
+    l.layout_sfa = take(with_scales ? groups * bytes_of<LayoutSFA> : 0);
+    l.layout_sfb = take(with_scales ? groups * bytes_of<LayoutSFB> : 0);
     l.tile_start = take(with_tile_start ? (groups + 1) * sizeof(int32_t) : 0);
     l.cutlass = take(cutlass_bytes);
     l.total = at;
@@ -70,17 +75,21 @@ struct RaggedWorkspace {
         reinterpret_cast<StrideD*>(w + l.stride_d)};
     if (with_tile_start) out.tile_start = reinterpret_cast<int32_t*>(w + l.tile_start);
     if (with_scales) {
-      out.scale_a = reinterpret_cast<const float**>(w + l.scale_a);
-      out.scale_b = reinterpret_cast<const float**>(w + l.scale_b);
+      out.scale_a = reinterpret_cast<const ElementScale**>(w + l.scale_a);
+      out.scale_b = reinterpret_cast<const ElementScale**>(w + l.scale_b);
+      if constexpr (bytes_of<LayoutSFA> > 0) {
+        out.layout_sfa = reinterpret_cast<LayoutSFA*>(w + l.layout_sfa);
+        out.layout_sfb = reinterpret_cast<LayoutSFB*>(w + l.layout_sfb);
+      }
     }
     return out;
   }
 
   // Builds the per-group arrays from the device-resident group sizes and
   // zeros the output no tile covers, in one launch of `blocks` blocks on
-  // `stream`. BlockAlignedGroups: each group's rows start at a multiple of
-  // kScaleBlock (block-scaled ragged_k). nullptr on success.
-  template <bool BlockAlignedGroups = false>
+  // `stream`. Operands (kernels/cutlass_grouped_gemm.cuh) lays out the rows
+  // and each group's scales. nullptr on success.
+  template <class Operands>
   static const char* prepare(const GemmProblem& p, const Arrays& arrays, int blocks,
                              cudaStream_t stream, int cluster_tile_m = 1, int tiles_n = 0) {
     // Row counts: ragged_m splits M (GEMM m); ragged_k splits the contraction (GEMM k).
@@ -88,9 +97,12 @@ struct RaggedWorkspace {
     auto stride_a = cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(p.m, p.k, 1));
     auto stride_b = cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(p.n, p.k, 1));
     auto stride_d = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(p.m, p.n, 1));
-    prepare_ragged_groups<Problem, BlockAlignedGroups><<<blocks, kRaggedPrepThreads, 0, stream>>>(
+    // a variant reads one kind of scales: float32 blocks, or MX bytes
+    const void* scale_a = p.mx_scale_a != nullptr ? p.mx_scale_a : p.scale_a;
+    const void* scale_b = p.mx_scale_b != nullptr ? p.mx_scale_b : p.scale_b;
+    prepare_ragged_groups<Problem, Operands><<<blocks, kRaggedPrepThreads, 0, stream>>>(
         p.group_sizes, p.batch, rows, p.m, p.n, p.k, p.a, p.b, p.d, arrays, stride_a, stride_b,
-        stride_d, cluster_tile_m, tiles_n, int64_t(p.n) * sizeof(ElementD), p.scale_a, p.scale_b);
+        stride_d, cluster_tile_m, tiles_n, int64_t(p.n) * sizeof(ElementD), scale_a, scale_b);
     cudaError_t err = cudaGetLastError();
     return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
   }

@@ -5,10 +5,12 @@ lhs [M, K] comes in (1, 128) tiles along K, so its scales [M, K/128] are
 the kernel's as they are; rhs in (128, 128) blocks of each group's matrix,
 stored [G, K, N] ("gkn") or [G, N, K] ("gnk"). The kernel reads each group's
 B as [N, K], so "gkn" transposes rhs's fp8 values (1 byte each) and keeps its
-scales, and "gnk" transposes only the scales. `scaled_grouped_product`
-returns None where no kernel plan takes the call (the planner has no
-validated row, another GPU, a CPU, e5m2, MXFP8 operands, a plan of another
-dtype): the op then dequantizes to bfloat16.
+scales, and "gnk" transposes only the scales. MXFP8 operands (e8m0 scales,
+lhs in (1, 32) blocks, each group's weight in 32 values along K) run the
+sm100a MX grouped kernel, their scales reordered into its layouts
+(primitives/mx_scales.py). `scaled_grouped_product` returns None where no
+kernel plan takes the call (the planner has no validated row, another GPU, a
+CPU, e5m2, a plan of another dtype): the op then dequantizes to bfloat16.
 
 `grouped_weight_gradient` is the recipe's third product, sum over group g's
 rows of x^T dy: both operands in 1 x 128 tiles along the rows, laid out so
@@ -18,13 +20,13 @@ block-scaled ragged_k kernel, or dequantized onto the bf16 one.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from jax_cluster.planning.plan import Plan
-from jax_cluster.planning.tables import BLOCK_SCALED_DTYPES, SCALE_BLOCK
-from jax_cluster.primitives import plans, token_tiles
+from jax_cluster.planning.tables import BLOCK_SCALED_DTYPES, MX_SCALE_BLOCK, SCALE_BLOCK
+from jax_cluster.primitives import mx_scales, plans, token_tiles
 from jax_cluster.primitives.lowering import clamp_group_sizes
-from jax_cluster.primitives.mx_scales import is_mx_scale
 from jax_cluster.primitives.operands import SCALED_DTYPES
 from jax_cluster.primitives.ragged import ragged
 from jax_cluster.primitives.scaled_ragged import (
@@ -43,8 +45,8 @@ def scaled_grouped_product(lhs, rhs, group_sizes, rhs_layout: str, out_dtype, pl
     values = lhs.qvalue
     if values.ndim != 2 or rhs.qvalue.ndim != 3:
         return None  # the dequantized path names the shapes it wants
-    if is_mx_scale(lhs.scale):
-        return None  # MXFP8: no grouped kernel takes its scales
+    if mx_scales.is_mx_scale(lhs.scale):
+        return _mx_grouped_product(lhs, rhs, group_sizes, rhs_layout, out_dtype, plan)
     if values.dtype != rhs.qvalue.dtype or jnp.dtype(values.dtype) not in SCALED_DTYPES:
         return None
     if plan is not None and plan.call.dtype not in BLOCK_SCALED_DTYPES:
@@ -60,6 +62,29 @@ def scaled_grouped_product(lhs, rhs, group_sizes, rhs_layout: str, out_dtype, pl
     if not chosen.uses_kernel:
         return None
     scale_a = lhs.scale.reshape(rows, k // SCALE_BLOCK)
+    return scaled_ragged_dot(values, b, scale_a, scale_b, group_sizes, out_dtype=out_dtype, plan=chosen)
+
+
+def _mx_grouped_product(lhs, rhs, group_sizes, rhs_layout: str, out_dtype, plan: Plan | None):
+    """MXFP8 lhs [M, K] (1 x 32 blocks) . rhs[g] on the sm100a MX grouped
+    kernel, [M, N]; None when no plan takes it. Each group's weight must
+    share its scales along K: (32, 1) blocks of "gkn", (1, 32) of "gnk"."""
+    values = lhs.qvalue
+    rows, k = values.shape
+    if rhs_layout == "gkn":  # [G, K, N]: the kernel reads [G, N, K]
+        b, scale_b = rhs.qvalue.transpose(0, 2, 1), rhs.scale.transpose(0, 2, 1)
+    else:
+        b, scale_b = rhs.qvalue, rhs.scale
+    if b.shape[2] // scale_b.shape[2] != MX_SCALE_BLOCK:
+        return None  # the weight's 32 values share a scale across N, not K
+    groups, n = b.shape[0], b.shape[1]
+    call = scaled_ragged_call(rows, n, k, groups, values.dtype, out_dtype, mx=True)
+    chosen = plans.choose(call, plan, None, "jax_cluster")
+    if not chosen.uses_kernel:
+        return None
+    sizes = clamp_group_sizes(group_sizes, rows)
+    scale_a = mx_scales.grouped_to_kernel_layout(lhs.scale.reshape(rows, k // MX_SCALE_BLOCK), sizes, k)
+    scale_b = jax.vmap(lambda s: mx_scales.to_kernel_layout(s, k))(scale_b)
     return scaled_ragged_dot(values, b, scale_a, scale_b, group_sizes, out_dtype=out_dtype, plan=chosen)
 
 

@@ -245,10 +245,14 @@ def xla_scaled_ragged(a, b, scale_a, scale_b, group_sizes, *, problem="ragged_m"
     rows, n = a.shape[0], b.shape[1]
     if group_sizes.shape[0] == 0:
         return jnp.zeros((rows, n), out_dtype)
-    a32 = a.astype(jnp.float32) * block_scales(scale_a.T, rows, 1)  # scale_a is [rows, K/128]
-    b32 = b.astype(jnp.float32) * jax.vmap(lambda s: block_scales(s, n, SCALE_BLOCK))(scale_b)
-    dims = lax.RaggedDotDimensionNumbers((((1,), (2,)), ((), ())), lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
     sizes = clamp_group_sizes(group_sizes, rows)
+    if mx_scales.is_mx_scale(scale_a):  # e8m0 scales in the MX grouped kernel's layouts
+        a32 = mx_scales.grouped_dequantized(a, scale_a, sizes)
+        b32 = jax.vmap(mx_scales.dequantized)(b, scale_b)
+    else:
+        a32 = a.astype(jnp.float32) * block_scales(scale_a.T, rows, 1)  # scale_a is [rows, K/128]
+        b32 = b.astype(jnp.float32) * jax.vmap(lambda s: block_scales(s, n, SCALE_BLOCK))(scale_b)
+    dims = lax.RaggedDotDimensionNumbers((((1,), (2,)), ((), ())), lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
     out = lax.ragged_dot_general(
         a32, b32, sizes, dims, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32
     )

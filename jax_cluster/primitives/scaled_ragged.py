@@ -11,6 +11,12 @@ Scale blocks never meet a group boundary there: A's tiles run along K within
 one row, and B's blocks belong to one group's matrix. Rows past the groups
 are zero.
 
+MXFP8 (sm100a) takes the same call with e8m0 scales, one per 32 values along
+K of A and of each group's B, in the kernel's layouts (primitives/mx_scales.py):
+  scale_a      [grouped_layout_size(rows, G, K)]   each group's rows on a row tile
+  scale_b      [G, layout_size(N, K)]
+and K a multiple of 128 (the kernel's K tile).
+
 `scaled_ragged_k_dot` (ragged_k: the weight gradient), out[g] = A_g B_g^T
 over the rows (tokens) of group g, both operands in 1 x 128 tiles along the
 rows, stored with the rows contiguous:
@@ -35,8 +41,8 @@ import numpy as np
 
 from jax_cluster.planning.call import Call
 from jax_cluster.planning.plan import Plan, dtype_name
-from jax_cluster.planning.tables import SCALE_BLOCK
-from jax_cluster.primitives import plans
+from jax_cluster.planning.tables import MX_DTYPE, MX_SCALE_BLOCK, SCALE_BLOCK
+from jax_cluster.primitives import mx_scales, plans
 from jax_cluster.primitives.lowering import scaled_ragged_local_p
 from jax_cluster.primitives.operands import check_scaled_operands
 
@@ -54,6 +60,15 @@ def _check(a, b, scale_a, scale_b, group_sizes, out_dtype) -> tuple[int, int, in
             f"{_WHO}: group_sizes must be int32 [{groups}] (one per group of b), got "
             f"{group_sizes.dtype} {list(group_sizes.shape)}"
         )
+    if mx_scales.is_mx_scale(scale_a):
+        if k % SCALE_BLOCK:  # the MX kernel's K tile
+            raise ValueError(f"{_WHO}: MX operands need K a multiple of {SCALE_BLOCK}, got K = {k}")
+        scales = (
+            ("scale_a", scale_a, (mx_scales.grouped_layout_size(rows, groups, k),)),
+            ("scale_b", scale_b, (groups, mx_scales.layout_size(n, k))),
+        )
+        check_scaled_operands(_WHO, a, b, k, out_dtype, scales, block=MX_SCALE_BLOCK, scale_dtype=mx_scales.SCALE_DTYPE)
+        return rows, n, k, groups
     blocks = k // SCALE_BLOCK
     check_scaled_operands(
         _WHO,
@@ -81,9 +96,10 @@ def _check_ragged_k(a, b, scale_a, scale_b, group_sizes, out_dtype) -> tuple[int
     return m, n, rows, group_sizes.shape[0]
 
 
-def scaled_ragged_call(rows: int, n: int, k: int, groups: int, dtype, out_dtype) -> Call:
-    """The Call of a block-scaled grouped GEMM (ragged_m; A and B K-major)."""
-    return Call("ragged_m", rows, n, k, groups, "k", "k", dtype_name(dtype), dtype_name(out_dtype))
+def scaled_ragged_call(rows: int, n: int, k: int, groups: int, dtype, out_dtype, mx: bool = False) -> Call:
+    """The Call of a block-scaled grouped GEMM (ragged_m; A and B K-major); `mx`: MXFP8 scales."""
+    name = MX_DTYPE if mx else dtype_name(dtype)
+    return Call("ragged_m", rows, n, k, groups, "k", "k", name, dtype_name(out_dtype))
 
 
 def scaled_ragged_dot(
@@ -93,7 +109,8 @@ def scaled_ragged_dot(
     (the planner's kernel row, or the float32 fallback with the same semantics)."""
     rows, n, k, groups = _check(a, b, scale_a, scale_b, group_sizes, out_dtype)
     out_dtype = np.dtype(out_dtype)
-    plan = plans.choose(scaled_ragged_call(rows, n, k, groups, a.dtype, out_dtype), plan, device, _WHO)
+    call = scaled_ragged_call(rows, n, k, groups, a.dtype, out_dtype, mx_scales.is_mx_scale(scale_a))
+    plan = plans.choose(call, plan, device, _WHO)
     return scaled_ragged_local_p.bind(
         a, b, scale_a, scale_b, group_sizes, problem="ragged_m", out_dtype=out_dtype, plan=plan
     )

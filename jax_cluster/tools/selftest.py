@@ -133,6 +133,12 @@ def _check_dense(v: tables.Variant, plans, key) -> list[tuple[float, float]]:
     return [(float(r), float(w)) for r, w in jax.device_get(errors(key))]
 
 
+def mx_codes(key, rows: int, k: int):
+    """Random e8m0 scales [rows, K/32]: bytes 125..129, 2^-2 .. 2^2."""
+    codes = jax.random.randint(key, (rows, -(-k // tables.MX_SCALE_BLOCK)), 125, 130).astype(jnp.uint8)
+    return codes.view(mx_scales.SCALE_DTYPE)
+
+
 def scaled_operands(key, m: int, n: int, k: int, dtype, mx: bool = False):
     """Random fp8 A [M,K], B [N,K] and block scales in the kernel's layouts:
     float32 in [0.5, 2), K blocks first; or (mx) e8m0 powers of two from 1/4
@@ -141,11 +147,9 @@ def scaled_operands(key, m: int, n: int, k: int, dtype, mx: bool = False):
     a = jax.random.normal(ka, (m, k), jnp.float32).astype(dtype)
     b = jax.random.normal(kb, (n, k), jnp.float32).astype(dtype)
     if mx:
-        blocks = -(-k // tables.MX_SCALE_BLOCK)
 
-        def scales(key, rows):  # e8m0 bytes 125..129: 2^-2 .. 2^2
-            codes = jax.random.randint(key, (rows, blocks), 125, 130).astype(jnp.uint8)
-            return mx_scales.to_kernel_layout(codes.view(mx_scales.SCALE_DTYPE), k)
+        def scales(key, rows):
+            return mx_scales.to_kernel_layout(mx_codes(key, rows, k), k)
 
         return a, b, scales(ksa, m), scales(ksb, n)
     blocks = k // tables.SCALE_BLOCK
@@ -251,12 +255,20 @@ def _check_grouped(v: tables.Variant, sizes, rows, kdim, ndim, key) -> tuple[flo
     return float(rel), float(worst)
 
 
-def scaled_grouped_operands(key, rows: int, n: int, k: int, groups: int, dtype, problem: str = "ragged_m"):
+def scaled_grouped_operands(key, rows: int, n: int, k: int, groups: int, dtype, problem: str = "ragged_m", sizes=None):
     """Random fp8 operands and float32 block scales in [0.5, 2) in the grouped
     kernels' layouts. ragged_m: A [rows, K] (scales K-major), B [G, N, K]
     (each group's K blocks first). ragged_k: A [K, rows] and B [N, rows], both
-    in token tiles (scales [rows/128, K] and [rows/128, N])."""
+    in token tiles (scales [rows/128, K] and [rows/128, N]). With `sizes`
+    (int32 [G], ragged_m): MX e8m0 scales in the MX grouped kernel's layouts,
+    whose A scales follow the groups."""
     ka, kb, ksa, ksb = jax.random.split(key, 4)
+    if sizes is not None:
+        a = jax.random.normal(ka, (rows, k), jnp.float32).astype(dtype)
+        b = jax.random.normal(kb, (groups, n, k), jnp.float32).astype(dtype)
+        scale_a = mx_scales.grouped_to_kernel_layout(mx_codes(ksa, rows, k), clamp_group_sizes(sizes, rows), k)
+        codes_b = jax.vmap(lambda key: mx_codes(key, n, k))(jax.random.split(ksb, groups))
+        return a, b, scale_a, jax.vmap(lambda c: mx_scales.to_kernel_layout(c, k))(codes_b)
     if problem == "ragged_k":
         a = jax.random.normal(ka, (k, rows), jnp.float32).astype(dtype)
         b = jax.random.normal(kb, (n, rows), jnp.float32).astype(dtype)
@@ -278,8 +290,9 @@ def _check_scaled_grouped(v: tables.Variant, sizes, rows, kdim, ndim, key) -> tu
     groups (ragged_k, whose rows take the block-aligned layout) must be
     exact zeros."""
     groups = len(sizes)
-    operands = scaled_grouped_operands(key, rows, ndim, kdim, groups, DTYPES[v.dtype], v.problem)
     gs = jnp.asarray(sizes, jnp.int32)
+    mx_sizes = gs if v.dtype == tables.MX_DTYPE else None
+    operands = scaled_grouped_operands(key, rows, ndim, kdim, groups, DTYPES[v.dtype], v.problem, mx_sizes)
     plan = grouped_plan(v, groups, rows, kdim, ndim)
     bind = scaled_ragged_dot if v.problem == "ragged_m" else scaled_ragged_k_dot
 

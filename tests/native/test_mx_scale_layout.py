@@ -71,3 +71,23 @@ def test_the_scales_sit_where_cutlass_reads_them(cutlass_layout, m, n, k):
         codes = (np.arange(rows * blocks) % 250).reshape(rows, blocks).astype(np.uint8)
         laid = np.asarray(mx_scales.to_kernel_layout(jnp.asarray(codes).view(jnp.float8_e8m0fnu), k).view(jnp.uint8))
         np.testing.assert_array_equal(laid[part[:, 3]], codes[part[:, 1], part[:, 2]])
+
+
+def test_each_group_of_a_grouped_a_sits_where_its_own_layout_reads_it(cutlass_layout):
+    """The MX grouped kernel reads group g's scales from byte aligned_start_g *
+    row bytes (the earlier groups' rows, each rounded up to 128) through
+    CuTe's layout of the group's own [M_g, K]: the grouped reordering must
+    put every scale there."""
+    rows, n, k = 300, 8, 544
+    sizes = np.array([0, 1, 130, 77, 0, 60])  # 32 rows are past every group
+    blocks, row_bytes = -(-k // MX_SCALE_BLOCK), mx_scales.padded_shape(1, k)[1]
+    codes = (np.arange(rows * blocks) % 250).reshape(rows, blocks).astype(np.uint8)
+    laid = mx_scales.grouped_to_kernel_layout(jnp.asarray(codes).view(jnp.float8_e8m0fnu), jnp.asarray(sizes), k)
+    laid = np.asarray(laid.view(jnp.uint8))
+    first, aligned = 0, 0
+    for size in sizes:
+        if size:
+            table, _ = cutlass_layout(int(size), n, k)
+            part = table[table[:, 0] == 0]  # A: (row of the group, K block, byte)
+            np.testing.assert_array_equal(laid[aligned * row_bytes + part[:, 3]], codes[first + part[:, 1], part[:, 2]])
+        first, aligned = first + size, aligned + -(-size // 128) * 128

@@ -4,6 +4,9 @@
 // Control over the tiles of all groups (sm100_clc_group_scheduler.cuh).
 // The per-group arrays and tile_start are built on the device from
 // group_sizes (ragged_groups.cuh); the host never sees the sizes.
+// MXFP8 rows (GroupedMxGemm): the block-scaled UMMA over e4m3 A and B with
+// e8m0 scales, one scale-factor pointer and layout per group
+// (GroupedMxOperands in cutlass_grouped_gemm.cuh), ragged_m only.
 // Compiled and SASS-checked here; never run (no Blackwell).
 //
 // Contract, workspace and entry points: cutlass_grouped_gemm.cuh.
@@ -71,5 +74,15 @@ using GroupedGemm =
                        cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmSm100,
                        cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm, Problem,
                        ClcScheduling<Problem, MmaM, MmaN, /*ClusterM=*/2>>;
+
+template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int MmaM, int MmaN,
+          int MmaK, int Stages, RaggedProblem Problem>
+using GroupedMxGemm =
+    CutlassGroupedGemm<cutlass::arch::Sm100, ElementAB, ElementD, LayoutA, LayoutB,
+                       cute::Shape<cute::Int<MmaM>, cute::Int<MmaN>, cute::Int<MmaK>>,
+                       cute::Shape<cute::_2, cute::_1, cute::_1>, Stages,
+                       cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmMxf8f6f4Sm100,
+                       cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm, Problem,
+                       ClcScheduling<Problem, MmaM, MmaN, /*ClusterM=*/2>, GroupedMxOperands>;
 
 }  // namespace jax_cluster::sm100
