@@ -13,9 +13,10 @@ tokens, width 64, 4 experts) is launch-bound: it checks the loss curves in
 seconds; `medium` (4096 tokens, width 1024, 8 experts of 2816) is a layer
 whose GEMMs take the time; `compact` (512 tokens, width 128) is the smallest
 that the fp8 recipe takes. `--fp8` trains jax_cluster's side in the
-blockwise fp8 recipe, against Flax's bf16. Exits non-zero if the two
-curves differ by more than the tolerance. --out writes both curves and step
-times to DIR/train_block_<dtype>[_<size>][_fp8].json and the curves to a
+blockwise fp8 recipe (`--fp8 mxfp8`: the MXFP8 one), against Flax's bf16.
+Exits non-zero if the two curves differ by more than the tolerance. --out
+writes both curves and step times to
+DIR/train_block_<dtype>[_<size>][_fp8|_mxfp8].json and the curves to a
 .png beside it (the PNG needs matplotlib).
 
 Times, in wall milliseconds with the host included: the training step as the
@@ -41,6 +42,7 @@ from flax import nnx
 from jax import lax
 
 from jax_cluster import nn as jcnn
+from jax_cluster.ops.fp8_training import RECIPES
 from jax_cluster.tuning.timing import span_ms
 
 
@@ -187,7 +189,12 @@ def main(argv=None):
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
     parser.add_argument(
-        "--fp8", action="store_true", help="jax_cluster's side in the blockwise fp8 recipe (sizes compact, medium)"
+        "--fp8",
+        nargs="?",
+        const="blockwise",
+        default=None,
+        choices=sorted(RECIPES),
+        help="jax_cluster's side in this fp8 recipe (default blockwise; sizes compact, medium)",
     )
     parser.add_argument(
         "--tolerance", type=float, default=None, help="max |loss difference| / first loss (default 3e-2 bf16, 1e-4 f32)"
@@ -206,13 +213,13 @@ def main(argv=None):
         tolerance = 1e-1 if args.fp8 else 3e-2 if args.dtype == "bfloat16" else 1e-4
 
     dims = SIZES[args.size]
-    recipe = "blockwise" if args.fp8 else None
+    recipe = args.fp8
     ours, our_time, our_params, our_probes = train("jax_cluster", dims, dtype, args.steps, recipe)
     theirs, their_time, their_params, their_probes = train("flax", dims, dtype, args.steps)
     assert jax.tree.structure(our_params) == jax.tree.structure(their_params)
     timed = interleaved_ms({"jax_cluster": our_probes, "flax": their_probes}, args.rounds, args.calls)
 
-    side = ", jax_cluster in fp8 (blockwise)" if args.fp8 else ""
+    side = f", jax_cluster in fp8 ({recipe})" if recipe else ""
     print(f"{jax.devices()[0].platform}, {args.dtype}{side}, {args.size} block {dims}, {args.steps} steps")
     print(f"{'step':>6} {'jax_cluster':>12} {'flax':>12}")
     for i in range(0, args.steps, max(args.steps // 10, 1)):
@@ -252,7 +259,8 @@ def main(argv=None):
                 f"{args.rounds} rounds alternating the sides; blocks are forward + backward",
             ],
         }
-        suffix = ("" if args.size == "small" else f"_{args.size}") + ("_fp8" if args.fp8 else "")
+        fp8_suffix = {None: "", "blockwise": "_fp8"}.get(recipe, f"_{recipe}")
+        suffix = ("" if args.size == "small" else f"_{args.size}") + fp8_suffix
         write_record(args.out, f"train_block_{args.dtype}{suffix}", record)
     return 0 if diff <= tolerance else 1
 

@@ -22,7 +22,7 @@ class GroupedLinear(nnx.Module):
     initialises like a Linear(in, out) would. `group_sizes` is int32 [G], or
     [S, G] for S row blocks routed separately (see `jax_cluster.ragged_dot`).
     `ragged_dot=` swaps the product (e.g. `jax.lax.ragged_dot` as a reference,
-    which takes [G] sizes only). `fp8="blockwise"` runs the three products
+    which takes [G] sizes only). `fp8="blockwise"` or `"mxfp8"` runs the three products
     on block-scaled fp8 operands quantized on the fly (see
     `jax_cluster.ops.fp8_training`; [G] sizes, rows and features in multiples
     of 128).
@@ -56,7 +56,7 @@ class GroupedLinear(nnx.Module):
         # nnx.Linear's promotion: the given dtype, else the inputs' common type
         dtype = self.dtype or jnp.result_type(x, kernel)
         if self.fp8 is not None:
-            return fp8_grouped(x.astype(dtype), kernel.astype(dtype), group_sizes)
+            return fp8_grouped(x.astype(dtype), kernel.astype(dtype), group_sizes, self.fp8)
         return self.ragged_dot(
             x.astype(dtype), kernel.astype(dtype), group_sizes, preferred_element_type=self.preferred_element_type
         )

@@ -23,9 +23,11 @@ class Linear(nnx.Linear):
     `dot_general`, an `out_sharding` or a `preferred_element_type` takes
     Flax's own path (the activation then runs after it).
 
-    `fp8="blockwise"` runs the forward product and both backward products on
-    block-scaled fp8 operands quantized on the fly (`jax_cluster.ops.fp8_training`;
-    rows and features in multiples of 128); the parameters stay as they are.
+    `fp8="blockwise"` (DeepSeek-V3's 1x128 / 128x128 blocks) or `"mxfp8"`
+    (e8m0 scales per 32 values) runs the forward product and both backward
+    products on block-scaled fp8 operands quantized on the fly
+    (`jax_cluster.ops.fp8_training`; rows and features in multiples of 128);
+    the parameters stay as they are.
     """
 
     def __init__(
@@ -48,7 +50,7 @@ class Linear(nnx.Linear):
             kernel = self.kernel[...]
             bias = self.bias[...] if self.bias is not None else None
             inputs, kernel, bias = self.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
-            y = fp8_linear(inputs, kernel)
+            y = fp8_linear(inputs, kernel, self.fp8)
             return activation_fn(self.activation)(y if bias is None else y + bias)
         if (
             self.dot_general is not cluster_dot_general

@@ -54,8 +54,8 @@ class MoEMLP(nnx.Module):
     the same function; the parameters are laid out differently
     (`split_gate_up` / `join_gate_up` convert).
 
-    `fp8="blockwise"` runs the experts' products in the blockwise fp8 recipe
-    (`GroupedLinear`); the router stays in the layer's dtype.
+    `fp8="blockwise"` or `"mxfp8"` runs the experts' products in that fp8
+    recipe (`GroupedLinear`); the router stays in the layer's dtype.
     """
 
     def __init__(

@@ -1,21 +1,34 @@
-"""The blockwise fp8 training recipe: the forward product and both backward
-products take block-scaled fp8 operands, quantized on the fly from the
-bf16/f32 values the layers keep (DeepSeek-V3's scheme).
+"""The fp8 training recipes: the forward product and both backward products
+take block-scaled fp8 operands, quantized on the fly from the bf16/f32
+values the layers keep.
 
+"blockwise" (DeepSeek-V3's scheme; block-scaled kernels on sm90a):
   forward  y  = x @ W        x in (1, 128) tiles along K, W in (128, 128) blocks
   d_input  dx = dy @ W^T     dy in (1, 128) tiles along N, W's blocks as above
   d_weight dW = x^T @ dy     x^T in (1, 128) tiles along the rows (tokens),
                              dy in (128, 128) blocks
+"mxfp8" (OCP microscaling, e4m3 with one e8m0 scale per 32 values along
+each product's contraction; MXFP8 kernels on sm100a): x and dy in (1, 32)
+tiles along K and N, W in (32, 1) blocks along K for the forward and (1, 32)
+along N for d_input, x^T and dy in 32-row blocks along the tokens for d_weight.
+MX blocks run along the contraction only, so W and dy are quantized once per
+product that reads them.
 
-So K, N and the rows must be multiples of 128. In the grouped form the
-weight gradient takes x^T and dy^T both in (1, 128) tiles along the tokens,
-each group's tokens starting on a tile (the rows are regrouped with zeros
-between groups: primitives/token_tiles.py), so a tile never mixes two
-groups. Products accumulate in fp32 and return the activations' dtype.
+Either way K, N and the rows must be multiples of 128 (the kernels' K tile).
+In the grouped form the blockwise weight gradient takes x^T and dy^T both in
+(1, 128) tiles along the tokens, each group's tokens starting on a tile (the
+rows are regrouped with zeros between groups: primitives/token_tiles.py), so
+a tile never mixes two groups. MXFP8 has no grouped weight-gradient kernel:
+that product runs in bf16 on x and dy rounded through MXFP8 (32-row blocks,
+which may span two groups: a shared scale changes the rounding, not the sum).
+Products accumulate in fp32 and return the activations' dtype. On a device
+without the recipe's kernels the products are dequantized to bf16: the
+recipe's numerics, not its speed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -23,77 +36,120 @@ import jax.numpy as jnp
 
 from jax_cluster.ops.dense import dot_general, matmul
 from jax_cluster.ops.fp8_grouped import grouped_weight_gradient
-from jax_cluster.ops.quantize import quantize
+from jax_cluster.ops.quantize import dequantize, quantize
 from jax_cluster.ops.ragged_dot import ragged_dot
+from jax_cluster.primitives.ragged import ragged
 
-RECIPES = ("blockwise",)
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """The blocks of each operand of the three products ((rows, columns) of
+    the last two axes) and the formats the gradients may take."""
+
+    rows: tuple[int, int]  # x and dy as the left operand: along their last axis
+    weight_in: tuple[int, int]  # W [K, N] contracted over K (the forward)
+    weight_out: tuple[int, int]  # W [K, N] contracted over N (d_input)
+    tokens: tuple[int, int]  # x^T [K, M] as the left operand of d_weight
+    grad_tokens: tuple[int, int]  # dy [M, N] contracted over M (d_weight)
+    grad_dtypes: tuple = (jnp.float8_e4m3fn, jnp.float8_e5m2)
+
+
+RECIPES = {
+    "blockwise": Recipe((1, 128), (128, 128), (128, 128), (1, 128), (128, 128)),
+    "mxfp8": Recipe((1, 32), (32, 1), (1, 32), (1, 32), (32, 1), grad_dtypes=(jnp.float8_e4m3fn,)),
+}
 _WHO = "jax_cluster fp8 recipe"
 
 
 def check_recipe(fp8) -> None:
     if fp8 is not None and fp8 not in RECIPES:
-        raise ValueError(f"{_WHO}: fp8 must be None or one of {RECIPES}, got {fp8!r}")
+        raise ValueError(f"{_WHO}: fp8 must be None or one of {tuple(RECIPES)}, got {fp8!r}")
 
 
-def _rows_of(x, who):
+def _recipe(name: str, grad_dtype) -> Recipe:
+    check_recipe(name)
+    recipe = RECIPES[name]
+    if not any(jnp.dtype(grad_dtype) == jnp.dtype(d) for d in recipe.grad_dtypes):
+        raise TypeError(f"{_WHO}: {name} takes gradients in {[jnp.dtype(d).name for d in recipe.grad_dtypes]}")
+    return recipe
+
+
+def _rows_of(x, who, recipe_name):
     rows = x.reshape(-1, x.shape[-1])
     if rows.shape[0] % 128 or rows.shape[1] % 128:
         raise ValueError(
-            f"{who}: the blockwise fp8 recipe needs the rows ({rows.shape[0]}) and features "
+            f"{who}: the {recipe_name} fp8 recipe needs the rows ({rows.shape[0]}) and features "
             f"({rows.shape[1]}) in multiples of 128"
         )
     return rows
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def fp8_linear(x, kernel, grad_dtype=jnp.float8_e4m3fn):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def fp8_linear(x, kernel, recipe="blockwise", grad_dtype=jnp.float8_e4m3fn):
     """x [..., K] @ kernel [K, N] with the recipe's three fp8 products."""
-    return _linear_forward(x, kernel, grad_dtype)[0]
+    return _linear_forward(x, kernel, recipe, grad_dtype)[0]
 
 
-def _linear_forward(x, kernel, grad_dtype):
-    rows = _rows_of(x, "fp8_linear")
-    y = matmul(quantize(rows), quantize(kernel, block=(128, 128)), out_dtype=x.dtype)
+def _linear_forward(x, kernel, recipe, grad_dtype):
+    r = _recipe(recipe, grad_dtype)
+    rows = _rows_of(x, "fp8_linear", recipe)
+    y = matmul(quantize(rows, block=r.rows), quantize(kernel, block=r.weight_in), out_dtype=x.dtype)
     return y.reshape(*x.shape[:-1], kernel.shape[1]), (x, kernel)
 
 
-def _linear_backward(grad_dtype, saved, dy):
+def _linear_backward(recipe, grad_dtype, saved, dy):
+    r = RECIPES[recipe]
     x, kernel = saved
-    rows, grads = _rows_of(x, "fp8_linear"), _rows_of(dy, "fp8_linear")
-    weights = quantize(kernel, block=(128, 128))
+    rows, grads = _rows_of(x, "fp8_linear", recipe), _rows_of(dy, "fp8_linear", recipe)
     contract_n = (((1,), (1,)), ((), ()))  # dy [M, N] . W [K, N] over N
-    dx = dot_general(quantize(grads, dtype=grad_dtype), weights, contract_n, preferred_element_type=x.dtype)
-    dw = matmul(quantize(rows.T), quantize(grads, block=(128, 128), dtype=grad_dtype), out_dtype=jnp.float32)
+    dx = dot_general(
+        quantize(grads, block=r.rows, dtype=grad_dtype),
+        quantize(kernel, block=r.weight_out),
+        contract_n,
+        preferred_element_type=x.dtype,
+    )
+    dy_tokens = quantize(grads, block=r.grad_tokens, dtype=grad_dtype)
+    dw = matmul(quantize(rows.T, block=r.tokens), dy_tokens, out_dtype=jnp.float32)
     return dx.reshape(x.shape), dw.astype(kernel.dtype)
 
 
 fp8_linear.defvjp(_linear_forward, _linear_backward)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def fp8_grouped(x, kernel, group_sizes, grad_dtype=jnp.float8_e4m3fn):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def fp8_grouped(x, kernel, group_sizes, recipe="blockwise", grad_dtype=jnp.float8_e4m3fn):
     """ragged_dot(x [M, K], kernel [G, K, N], group_sizes) with the recipe's
     three fp8 products."""
-    return _grouped_forward(x, kernel, group_sizes, grad_dtype)[0]
+    return _grouped_forward(x, kernel, group_sizes, recipe, grad_dtype)[0]
 
 
-def _grouped_forward(x, kernel, group_sizes, grad_dtype):
-    _rows_of(x, "fp8_grouped")
-    y = ragged_dot(quantize(x), quantize(kernel, block=(128, 128)), group_sizes, preferred_element_type=x.dtype)
+def _grouped_forward(x, kernel, group_sizes, recipe, grad_dtype):
+    r = _recipe(recipe, grad_dtype)
+    _rows_of(x, "fp8_grouped", recipe)
+    lhs, rhs = quantize(x, block=r.rows), quantize(kernel, block=r.weight_in)
+    y = ragged_dot(lhs, rhs, group_sizes, preferred_element_type=x.dtype)
     return y, (x, kernel, group_sizes)
 
 
-def _grouped_backward(grad_dtype, saved, dy):
+def _grouped_backward(recipe, grad_dtype, saved, dy):
+    r = RECIPES[recipe]
     x, kernel, group_sizes = saved
-    _rows_of(dy, "fp8_grouped")
-    weights = quantize(kernel, block=(128, 128))
+    _rows_of(dy, "fp8_grouped", recipe)
     # [G, K, N] read as [G, N', K'] = each group's W^T: dx = dy @ W_g^T
     dx = ragged_dot(
-        quantize(dy, dtype=grad_dtype), weights, group_sizes, preferred_element_type=x.dtype, rhs_layout="gnk"
+        quantize(dy, block=r.rows, dtype=grad_dtype),
+        quantize(kernel, block=r.weight_out),
+        group_sizes,
+        preferred_element_type=x.dtype,
+        rhs_layout="gnk",
     )
-    # d_weight contracts the tokens: x and dy in token tiles, each group on its own tiles
     sizes = group_sizes.astype(jnp.int32)
-    dw = grouped_weight_gradient(x, dy, sizes, grad_dtype, x.dtype)
+    if recipe == "blockwise":
+        # d_weight contracts the tokens: x and dy in token tiles, each group on its own tiles
+        dw = grouped_weight_gradient(x, dy, sizes, grad_dtype, x.dtype)
+    else:  # no MX kernel contracts ragged tokens: bf16 on the MXFP8-rounded operands
+        xq, dyq = (dequantize(quantize(v, block=r.grad_tokens), jnp.bfloat16) for v in (x, dy))
+        dw = ragged(xq, dyq, sizes, problem="ragged_k", out_dtype=x.dtype)
     return dx, dw.astype(kernel.dtype), None
 
 

@@ -39,13 +39,14 @@ def test_train_block_writes_its_record(tmp_path):
     assert record["max_difference_of_first_loss"] <= record["tolerance"]
 
 
-def test_train_block_trains_in_fp8_at_the_compact_size(tmp_path):
+@pytest.mark.parametrize("recipe,suffix", [((), "fp8"), (("mxfp8",), "mxfp8")])
+def test_train_block_trains_in_fp8_at_the_compact_size(tmp_path, recipe, suffix):
     pytest.importorskip("qwix")
-    args = ("--size", "compact", "--fp8", "--steps", "4", "--rounds", "1", "--calls", "2", "--out", str(tmp_path))
-    run = run_example("train_block.py", *args)
+    args = ("--size", "compact", "--fp8", *recipe, "--steps", "4", "--rounds", "1", "--calls", "2")
+    run = run_example("train_block.py", *args, "--out", str(tmp_path))
     assert run.returncode == 0, run.stdout + run.stderr
-    record = json.loads((tmp_path / "train_block_bfloat16_compact_fp8.json").read_text())
-    assert record["fp8"] == "blockwise" and record["dims"]["features"] == 128
+    record = json.loads((tmp_path / f"train_block_bfloat16_compact_{suffix}.json").read_text())
+    assert record["fp8"] == (recipe[0] if recipe else "blockwise") and record["dims"]["features"] == 128
     assert "difference_of_the_last_20_steps" in record
 
 

@@ -137,21 +137,32 @@ def _grads(fn, *args):
     return jax.grad(lambda *a: (fn(*a).astype(jnp.float32) ** 2).sum(), argnums=(0, 1))(*args)
 
 
-def test_the_fp8_recipe_differentiates_close_to_bf16():
+@pytest.mark.parametrize("recipe", ["blockwise", "mxfp8"])
+def test_the_fp8_recipe_differentiates_close_to_bf16(recipe):
     x = _normal(8, (256, 384)).astype(jnp.bfloat16)
     w = (_normal(9, (384, 512)) * 0.05).astype(jnp.bfloat16)
-    ours = _grads(fp8_linear, x, w)
+    ours = _grads(lambda x, w: fp8_linear(x, w, recipe), x, w)
     ref = _grads(lambda x, w: x @ w, x, w)
     for got, want in zip(ours, ref):
         assert got.dtype == want.dtype == jnp.bfloat16
         assert _relative(got, want) < 8e-2  # e4m3 on all three products: about 4-5%
     sizes = jnp.array([100, 28, 0, 128], jnp.int32)  # a 128-row token tile straddles two groups
     wg = (_normal(10, (4, 384, 512)) * 0.05).astype(jnp.bfloat16)
-    ours = jax.jit(lambda x, w: _grads(lambda x, w: fp8_grouped(x, w, sizes), x, w))(x, wg)
+    ours = jax.jit(lambda x, w: _grads(lambda x, w: fp8_grouped(x, w, sizes, recipe), x, w))(x, wg)
     ref = _grads(lambda x, w: jax.lax.ragged_dot(x, w, sizes), x, wg)
     for got, want in zip(ours, ref):
         assert _relative(got, want) < 8e-2
     assert not np.asarray(ours[1][2], np.float32).any()  # the empty group gets no gradient
+
+
+def test_the_mx_recipe_binds_mx_blocks_and_refuses_e5m2_gradients():
+    x = _normal(14, (128, 256)).astype(jnp.bfloat16)
+    w = (_normal(15, (256, 128)) * 0.05).astype(jnp.bfloat16)
+    text = str(jax.make_jaxpr(lambda x, w: _grads(lambda x, w: fp8_linear(x, w, "mxfp8"), x, w))(x, w))
+    assert "float8_e8m0fnu" in text and "float8_e4m3fn" in text  # MX scales on e4m3 values
+    with pytest.raises(TypeError, match=r"mxfp8 takes gradients in \['float8_e4m3fn'\]"):
+        fp8_linear(x, w, "mxfp8", jnp.float8_e5m2)
+    assert _relative(fp8_linear(x, w, "blockwise", jnp.float8_e5m2), x @ w) < 8e-2
 
 
 def test_fp8_layers_take_the_recipe_and_refuse_what_it_cannot_run():
@@ -165,7 +176,10 @@ def test_fp8_layers_take_the_recipe_and_refuse_what_it_cannot_run():
         layer(_normal(12, (100, 256)))
     with pytest.raises(ValueError, match="fp8 must be None or one of"):
         jcnn.Linear(256, 384, fp8="tensorwise", rngs=nnx.Rngs(0))
-    moe = jcnn.MoEMLP(128, 256, 4, 2, fp8="blockwise", dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
     ref = jcnn.MoEMLP(128, 256, 4, 2, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
     tokens = _normal(13, (2, 64, 128))
-    assert _relative(moe(tokens), ref(tokens)) < 8e-2
+    for recipe in ("blockwise", "mxfp8"):
+        moe = jcnn.MoEMLP(128, 256, 4, 2, fp8=recipe, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+        assert _relative(moe(tokens), ref(tokens)) < 8e-2
+    mx = jcnn.Linear(256, 384, fp8="mxfp8", activation="gelu", dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    assert _relative(mx(x), plain(x)) < 6e-2
