@@ -7,7 +7,9 @@ jax_cluster ("jc"): the block-scaled ragged_k kernel on x^T [K, rows] and
 dy^T [N, rows], both in 1x128 tiles along the tokens, each expert's tokens
 starting on a tile (the block-aligned layout), float32 scales, bf16 out.
 jc_recipe: the fp8 recipe's whole weight gradient from the bf16 x and dy
-(regrouping, both quantizations and the kernel: ops/fp8_grouped.py).
+(regrouping, both quantizations and the kernel: ops/fp8_grouped.py), the
+quantization in XLA's fusions; jc_recipe_fused: the same with the token-tile
+quantization kernel (primitives/token_tile_quantize.py).
 jc_bf16: jax_cluster's bf16 ragged_k product on x and dy, the weight
 gradient of its bf16 `ragged_dot`. torch: `torch._scaled_grouped_mm` in its
 2d x 2d form (offsets along the contraction) with row-wise scales, an
@@ -18,7 +20,7 @@ are uniform (torch wants 16-row multiples). The kernel is checked first
 against the float32 product of the dequantized operands on the first, middle
 and last expert. Device time: CUPTI for JAX, CUDA events for torch; inputs
 rotate past L2. Writes fp8_wgrad.json (rows[] with the shape, jc_ms,
-jc_recipe_ms, torch_ms, jc_bf16_ms and ratios) and a PNG.
+jc_recipe_ms, jc_recipe_fused_ms, torch_ms, jc_bf16_ms and ratios) and a PNG.
 
     python benchmarks/bench_fp8_wgrad.py --out benchmarks/results/h200
 """
@@ -166,9 +168,13 @@ def measure(model, tokens, groups, k, n, torch, why_no_torch, iterations) -> dic
     acts = activations(tokens, groups, k, n)
     row["jc_bf16_ms"] = timing.cupti_ms(lambda x, dy, gs: ragged(x, dy, gs, problem="ragged_k"), acts, iterations)
     if row.get("jc_ms"):
-        recipe = lambda x, dy, gs: grouped_weight_gradient(x, dy, gs, E4M3, jnp.bfloat16, plan=plan)  # noqa: E731
-        row["jc_recipe_ms"], kernels = timing.cupti_kernels(recipe, acts, iterations)
-        row["jc_recipe_kernels"] = [[name[:80], ms] for name, ms in kernels[:6]]  # where the recipe's time goes
+        for key, fused in (("jc_recipe", False), ("jc_recipe_fused", True)):
+
+            def recipe(x, dy, gs, fused=fused):
+                return grouped_weight_gradient(x, dy, gs, E4M3, jnp.bfloat16, plan=plan, quantize_kernel=fused)
+
+            row[f"{key}_ms"], kernels = timing.cupti_kernels(recipe, acts, iterations)
+            row[f"{key}_kernels"] = [[name[:80], ms] for name, ms in kernels[:6]]  # where the recipe's time goes
     del acts
     if torch is None:
         row["torch_error"] = why_no_torch
@@ -180,6 +186,7 @@ def measure(model, tokens, groups, k, n, torch, why_no_torch, iterations) -> dic
     if row.get("jc_ms"):
         bench_fp8_dense.add_ratios(row, bench_fp8_grouped.flops(tokens, n, k))
         row["jc_recipe_vs_bf16"] = row["jc_bf16_ms"] / row["jc_recipe_ms"]
+        row["jc_recipe_fused_vs_bf16"] = row["jc_bf16_ms"] / row["jc_recipe_fused_ms"]
     if row.get("torch_ms"):
         row["torch_tflops"] = bench_fp8_grouped.flops(tokens, n, k) / row["torch_ms"] / 1e9
     return row
@@ -199,7 +206,8 @@ def main(argv=None):
         rows.append(measure(*shape, torch, why_no_torch, args.iterations))
         print(json.dumps(rows[-1]), flush=True)
         payload = bench_fp8_dense.results_payload(rows, torch, routing="uniform group sizes")
-        payload["summary"]["geomean_jc_recipe_vs_bf16"] = bench_ragged.geomean(r.get("jc_recipe_vs_bf16") for r in rows)
+        for key in ("jc_recipe_vs_bf16", "jc_recipe_fused_vs_bf16"):
+            payload["summary"][f"geomean_{key}"] = bench_ragged.geomean(r.get(key) for r in rows)
         common.write_results(common.results_dir(args.out), "fp8_wgrad", payload, plot)
     print(json.dumps(payload["summary"], indent=1))
 

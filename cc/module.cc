@@ -21,6 +21,7 @@
 #include "ffi/plan_state.h"
 #include "ffi/ragged_ffi.h"
 #include "ffi/scaled_gemm_ffi.h"
+#include "ffi/token_tile_ffi.h"
 #endif
 
 namespace nb = nanobind;
@@ -59,6 +60,14 @@ nb::dict stages(const HandlerBundle& h, bool command_buffers) {
   return out;
 }
 
+// A target without a Plan: its execute handler only.
+nb::dict execute_stage(const ExecuteHandlers& h, bool command_buffers) {
+  nb::dict out;
+  out["execute"] = capsule(
+      reinterpret_cast<const void*>(command_buffers ? h.execute : h.execute_outside_graphs));
+  return out;
+}
+
 nb::dict registrations(bool command_buffers) {
   nb::dict out;
   out[kGemmTarget] = stages(gemm_ffi_handlers(), command_buffers);
@@ -66,6 +75,7 @@ nb::dict registrations(bool command_buffers) {
   out[kRaggedDotTarget] = stages(ragged_ffi_handlers(), command_buffers);
   out[kScaledGemmTarget] = stages(scaled_gemm_ffi_handlers(), command_buffers);
   out[kScaledRaggedDotTarget] = stages(scaled_ragged_ffi_handlers(), command_buffers);
+  out[kQuantizeTokenTilesTarget] = execute_stage(token_tile_ffi_handlers(), command_buffers);
   return out;
 }
 

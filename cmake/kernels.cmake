@@ -59,10 +59,22 @@ foreach(_arch IN LISTS JAX_CLUSTER_ARCHS)
   list(APPEND _jc_kernel_libs kernels_${_arch})
 endforeach()
 
+# Kernels outside the menu (no CUTLASS): one object with machine code for every arch.
+set(_jc_gencodes "")
+foreach(_arch IN LISTS JAX_CLUSTER_ARCHS)
+  string(REGEX REPLACE "^sm([0-9]+a?)$" "\\1" _num "${_arch}")
+  list(APPEND _jc_gencodes "-gencode=arch=compute_${_num},code=sm_${_num}")
+endforeach()
+add_library(kernels_shared OBJECT cc/kernels/token_tile_quantize.cu)
+set_target_properties(kernels_shared PROPERTIES CUDA_ARCHITECTURES OFF CUDA_STANDARD 17)
+target_compile_options(kernels_shared PRIVATE ${_jc_cuda_flags} ${_jc_gencodes})
+target_include_directories(kernels_shared PRIVATE cc "${JAX_CLUSTER_GENERATED_DIR}")
+list(APPEND _jc_kernel_libs kernels_shared)
+
 target_sources(_ext PRIVATE ${_jc_table} cc/dispatch/variant_table.cc cc/dispatch/device_slots.cc
                cc/dispatch/gemm_dispatch.cc cc/ffi/dense_call.cc cc/ffi/gemm_ffi.cc
                cc/ffi/gemm_epilogue_ffi.cc cc/ffi/plan_state.cc cc/ffi/ragged_ffi.cc
-               cc/ffi/scaled_gemm_ffi.cc)
+               cc/ffi/scaled_gemm_ffi.cc cc/ffi/token_tile_ffi.cc)
 foreach(_lib IN LISTS _jc_kernel_libs)
   target_sources(_ext PRIVATE $<TARGET_OBJECTS:${_lib}>)
 endforeach()

@@ -35,6 +35,7 @@ from jax_cluster.primitives.scaled_ragged import (
     scaled_ragged_k_call,
     scaled_ragged_k_dot,
 )
+from jax_cluster.primitives.token_tile_quantize import quantize_token_tiles
 
 E4M3 = jnp.dtype(jnp.float8_e4m3fn)
 
@@ -88,24 +89,13 @@ def _mx_grouped_product(lhs, rhs, group_sizes, rhs_layout: str, out_dtype, plan:
     return scaled_ragged_dot(values, b, scale_a, scale_b, group_sizes, out_dtype=out_dtype, plan=chosen)
 
 
-def token_tiled(x, sizes, rows: int, dtype):
-    """x [M, C], its rows sorted by group (`sizes` already cut at M), in the
-    block-aligned layout as (values [C, rows] fp8, scales [rows/128, C]
-    float32): one scale per 128 rows of a column, amax / the format's largest
-    value (1 for an all-zero tile), zeros between groups. Written as one
-    gather, one tile reduction and one scaling pass that ends in the transpose
-    of the fp8 values, so XLA reads x twice and writes one byte per value."""
-    sources = jnp.cumsum(sizes) - sizes  # each group's first row in x
-    starts, _ = token_tiles.group_starts(sizes, rows)
-    owner, valid = token_tiles.row_owners(sizes, rows)
-    source = sources[owner] + jnp.arange(rows, dtype=starts.dtype) - starts[owner]
-    taken = jnp.take(x, jnp.where(valid, source, 0), axis=0).astype(jnp.float32)
-    tiles = jnp.where(valid[:, None], taken, 0.0).reshape(rows // SCALE_BLOCK, SCALE_BLOCK, x.shape[1])
-    largest = float(jnp.finfo(dtype).max)
-    amax = jnp.max(jnp.abs(tiles), axis=1)
-    scales = jnp.where(amax > 0, amax / largest, 1.0)
-    values = jnp.clip(tiles / scales[:, None, :], -largest, largest).astype(dtype)
-    return values.reshape(rows, x.shape[1]).T, scales
+def token_tiled(x, sizes, rows: int, dtype, use_kernel: bool | None = None):
+    """x [M, C], its rows sorted by group, in the block-aligned layout as
+    (values [C, rows] fp8, scales [rows/128, C] float32): one scale per 128
+    rows of a column, amax over the format's largest value (1 for an all-zero
+    tile), zeros between groups (primitives/token_tile_quantize.py: one
+    kernel, or XLA's gather, tile reduction and scaling pass)."""
+    return quantize_token_tiles(x, sizes, rows, dtype, use_kernel=use_kernel)
 
 
 def _dequantized_rows(values, scales, dtype):
@@ -113,16 +103,21 @@ def _dequantized_rows(values, scales, dtype):
     return (values.T.astype(jnp.float32) * jnp.repeat(scales, SCALE_BLOCK, axis=0)).astype(dtype)
 
 
-def grouped_weight_gradient(x, dy, group_sizes, grad_dtype, out_dtype, plan: Plan | None = None):
+def grouped_weight_gradient(
+    x, dy, group_sizes, grad_dtype, out_dtype, plan: Plan | None = None, quantize_kernel: bool | None = None
+):
     """[G, K, N]: x [M, K]^T dy [M, N] over each group's rows, x quantized to
-    e4m3 and dy to `grad_dtype` in token tiles; the block-scaled ragged_k
+    e4m3 and dy to `grad_dtype` in token tiles (`quantize_kernel`: the
+    token-tile kernel, None for the default); the block-scaled ragged_k
     kernel where a plan (`plan`, or the planner's) takes it, else the same
     fp8 values dequantized to bfloat16 on the bf16 grouped path. group_sizes
     is int32 [G]."""
     groups = group_sizes.shape[0]
     rows = token_tiles.padded_rows(x.shape[0], groups)
     sizes = clamp_group_sizes(group_sizes, x.shape[0])
-    (xq, x_scales), (dyq, dy_scales) = (token_tiled(v, sizes, rows, d) for v, d in ((x, E4M3), (dy, grad_dtype)))
+    (xq, x_scales), (dyq, dy_scales) = (
+        token_tiled(v, sizes, rows, d, quantize_kernel) for v, d in ((x, E4M3), (dy, grad_dtype))
+    )
     k, n = x.shape[1], dy.shape[1]
     if xq.dtype == dyq.dtype:
         call = scaled_ragged_k_call(k, n, rows, groups, xq.dtype, out_dtype)

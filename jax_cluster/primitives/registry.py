@@ -47,14 +47,15 @@ def partitioned_primitive(
     return primitive
 
 
-def local_primitive(name: str, *, abstract_eval, xla_impl, cuda_lowering) -> Primitive:
+def local_primitive(name: str, *, abstract_eval, xla_impl, cuda_lowering, multiple_results=False) -> Primitive:
     """The one-device primitive of an op: `cuda_lowering` on CUDA, `xla_impl`
     (jnp code with the same parameters) everywhere else."""
     primitive = Primitive(name)
+    primitive.multiple_results = multiple_results
     # outside jit (eager calls) a bind compiles the one call
     primitive.def_impl(lambda *args, **params: jax.jit(functools.partial(primitive.bind, **params))(*args))
     primitive.def_abstract_eval(abstract_eval)
-    mlir.register_lowering(primitive, mlir.lower_fun(xla_impl, multiple_results=False))
+    mlir.register_lowering(primitive, mlir.lower_fun(xla_impl, multiple_results=multiple_results))
     mlir.register_lowering(primitive, cuda_lowering, platform="cuda")
     return primitive
 

@@ -7,7 +7,8 @@ boundary handling runs; the output is checked against a reference (XLA's
 dot, or the host for grouped calls) so a silent wrong answer fails as well.
 Prints one line per call and "calls: N, failures: F". Arguments, regexes,
 limit the calls to the variants whose names match all of them; when none
-does, it says so and exits with 2.
+does, it says so and exits with 2. `--token-tiles` makes instead one call of
+the token-tile quantization kernel, checked bitwise against its XLA form.
 """
 
 import re
@@ -23,9 +24,11 @@ from jax_cluster.planning.device import describe
 from jax_cluster.primitives import mx_scales, token_tiles
 from jax_cluster.primitives.epilogue import gemm_epilogue
 from jax_cluster.primitives.gemm import gemm
+from jax_cluster.primitives.lowering import xla_scaled_ragged
 from jax_cluster.primitives.ragged import ragged
 from jax_cluster.primitives.scaled_gemm import scaled_gemm
 from jax_cluster.primitives.scaled_ragged import scaled_ragged_dot, scaled_ragged_k_dot
+from jax_cluster.primitives.token_tile_quantize import quantize_token_tiles
 from jax_cluster.tools.selftest import (
     DTYPES,
     dense_plan,
@@ -125,6 +128,12 @@ def _scaled_grouped(v, key):
     sizes = [0, 77, 1, 200, 0, 150]  # as _grouped, with K in whole scale blocks
     rows, kdim, ndim = sum(sizes) + 40, 2 * tables.SCALE_BLOCK, 264
     plan = grouped_plan(v, len(sizes), rows, kdim, ndim)
+    if v.dtype == tables.MX_DTYPE:  # e8m0 scales in the grouped layouts: the fallback is the reference
+        gs = jnp.asarray(sizes, jnp.int32)
+        operands = scaled_grouped_operands(key, rows, ndim, kdim, len(sizes), DTYPES[v.dtype], v.problem, gs)
+        out = jax.jit(lambda *xs: scaled_ragged_dot(*xs, out_dtype=DTYPES[v.out], plan=plan))(*operands, gs)
+        ref = xla_scaled_ragged(*operands, gs, out_dtype=jnp.float32, plan=plan)
+        return float(relative_error(np.asarray(out.astype(jnp.float32)), np.asarray(ref, np.float64)))
     a, b, scale_a, scale_b = scaled_grouped_operands(key, rows, ndim, kdim, len(sizes), DTYPES[v.dtype])
     gs = jnp.asarray(sizes, jnp.int32)
     out = jax.jit(lambda *xs: scaled_ragged_dot(*xs, out_dtype=DTYPES[v.out], plan=plan))(a, b, scale_a, scale_b, gs)
@@ -153,7 +162,24 @@ def _scaled_weight_gradient(v, key):
     return float(relative_error(np.asarray(out.astype(jnp.float32)), ref))
 
 
+def _token_tiles(key) -> int:
+    """The token-tile quantization kernel on uneven groups, rows left over
+    and a partial column block: 1 when it differs from its XLA form."""
+    sizes = jnp.asarray([0, 77, 1, 200, 0, 150], jnp.int32)
+    x = jax.random.normal(key, (470, 576), jnp.bfloat16)
+    rows = token_tiles.padded_rows(470, 6)
+    run = jax.jit(quantize_token_tiles, static_argnums=(2, 3), static_argnames="use_kernel")
+    fused = run(x, sizes, rows, jnp.float8_e4m3fn, use_kernel=True)
+    plain = run(x, sizes, rows, jnp.float8_e4m3fn, use_kernel=False)
+    same = all(np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8)) for a, b in zip(fused, plain))
+    print(f"token tiles: {'ok' if same else 'FAIL'}")
+    print(f"calls: 1, failures: {int(not same)}")
+    return 0 if same else 1
+
+
 def main(argv) -> int:
+    if argv == ["--token-tiles"]:
+        return _token_tiles(jax.random.key(0))
     only = [re.compile(pattern) for pattern in argv]  # regexes on variant names: a name must match all
     dev = describe()
     if dev.arch is None or not _ffi.with_kernels():

@@ -29,7 +29,7 @@ CALLS = pathlib.Path(__file__).with_name("sanitizer_calls.py")
 FAMILIES = {  # regexes on variant names
     "dense": r"^sm\d+_gemm_(?!.*(blockwise|_mxe4m3_))",
     "block_scaled": r"blockwise|_mxe4m3_",
-    "grouped": r"^sm\d+_grouped_gemm_(?!.*blockwise)",
+    "grouped": r"^sm\d+_grouped_gemm_(?!.*(blockwise|_mxe4m3_))",
 }
 NO_MATCH = 2  # sanitizer_calls.py's exit status when no compiled variant matches
 CLEAN = {  # each tool's closing line when it found nothing
@@ -42,25 +42,35 @@ CLEAN = {  # each tool's closing line when it found nothing
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 def test_every_kernel_is_clean_under_compute_sanitizer(tool, family):
+    run, output = _sanitize(tool, family, [FAMILIES[family], os.environ.get("JAX_CLUSTER_SANITIZE_VARIANTS", "")])
+    if run.returncode == NO_MATCH and "no compiled variant" in output:
+        pytest.skip(f"no compiled {family} variant matches JAX_CLUSTER_SANITIZE_VARIANTS here")
+    _assert_clean(tool, run, output)
+
+
+@pytest.mark.skipif(SANITIZER is None, reason="compute-sanitizer is not installed")
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_the_token_tile_kernel_is_clean_under_compute_sanitizer(tool):
+    _assert_clean(tool, *_sanitize(tool, "token_tiles", ["--token-tiles"]))
+
+
+def _sanitize(tool, name, args):
+    """(the finished run, its output) of sanitizer_calls.py `args` under `tool`."""
     env = dict(os.environ, XLA_PYTHON_CLIENT_ALLOCATOR="platform", XLA_PYTHON_CLIENT_PREALLOCATE="false")
     env["PYTHONFAULTHANDLER"] = "1"  # a crash under the tool leaves the Python stack in the log
     logs = pathlib.Path(os.environ.get("JAX_CLUSTER_SANITIZE_LOGS") or tempfile.mkdtemp())
     logs.mkdir(parents=True, exist_ok=True)
-    log_path = logs / f"sanitizer_{tool}_{family}.log"
+    log_path = logs / f"sanitizer_{tool}_{name}.log"
     command = [SANITIZER, "--tool", tool, "--error-exitcode", "3", sys.executable, str(CALLS)]
     with log_path.open("w") as log_file:
         run = subprocess.run(
-            [*command, FAMILIES[family], os.environ.get("JAX_CLUSTER_SANITIZE_VARIANTS", "")],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-            timeout=1800,
+            [*command, *args], stdout=log_file, stderr=subprocess.STDOUT, text=True, env=env, timeout=1800
         )
-    output = log_path.read_text()
+    return run, log_path.read_text()
+
+
+def _assert_clean(tool, run, output):
     tail = output[-8000:]
-    if run.returncode == NO_MATCH and "no compiled variant" in output:
-        pytest.skip(f"no compiled {family} variant matches JAX_CLUSTER_SANITIZE_VARIANTS here")
     assert run.returncode == 0, tail
     summary = [line for line in output.splitlines() if line.startswith("calls: ")]
     assert summary and summary[-1].endswith(", failures: 0"), tail

@@ -34,6 +34,14 @@ def test_every_menu_row_is_compiled():
 
 
 @pytest.mark.skipif(not _ffi.with_kernels(), reason="built without kernels")
+@pytest.mark.parametrize("command_buffers", [True, False])
+def test_every_ffi_target_has_an_execute_handler(command_buffers):
+    stages = _ffi.extension().registrations(command_buffers)
+    assert set(stages) == set(tables.FFI_TARGETS.values())
+    assert all("execute" in handlers for handlers in stages.values())
+
+
+@pytest.mark.skipif(not _ffi.with_kernels(), reason="built without kernels")
 @pytest.mark.skipif(sass.cuobjdump() is None, reason="cuobjdump not installed")
 def test_extension_holds_sm90a_and_sm100a_sass():
     listing = sass.run("--list-elf")
