@@ -41,8 +41,9 @@ std::string request(const ffi::AnyBuffer& x, const ffi::Buffer<ffi::S32>& group_
     case ffi::DataType::BF16: q->input = TileInput::kBf16; break;
     case ffi::DataType::F16: q->input = TileInput::kF16; break;
     case ffi::DataType::F32: q->input = TileInput::kF32; break;
-    default: return std::string("x must be bfloat16, float16 or float32, got ") +
-                    dtype_name(x.element_type());
+    default:
+      return std::string("x must be bfloat16, float16 or float32, got ") +
+             dtype_name(x.element_type());
   }
   switch (values.element_type()) {
     case ffi::DataType::F8E4M3FN: q->output = TileOutput::kE4m3; break;

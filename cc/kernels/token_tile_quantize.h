@@ -3,9 +3,9 @@
 // rows in the block-aligned layout (each group starting on a kScaleBlock
 // tile, primitives/token_tiles.py), and scales [rows/128, C] in float32, one
 // per 128 rows of a column: amax times the float32 reciprocal of the
-// format's largest value, 1 for an all-zero tile. Rows between groups are zeros. The values are x / scale,
-// clipped to the format, rounded to nearest even: the same numbers as
-// ops/fp8_grouped.token_tiled's XLA form.
+// format's largest value, 1 for an all-zero tile. Rows between groups are
+// zeros. The values are x / scale, clipped to the format, rounded to nearest
+// even: the same numbers as primitives/token_tile_quantize.py's XLA form.
 //
 // Host-callable from the FFI handler; the kernel is in token_tile_quantize.cu.
 #pragma once
@@ -24,8 +24,8 @@ struct TokenTileQuantize {
   int64_t m = 0, columns = 0;
   const int32_t* group_sizes = nullptr;  // [groups], on the device; ragged_dot's rule
   int groups = 0;
-  int64_t rows = 0;        // of the block-aligned layout: a multiple of kScaleBlock
-  void* values = nullptr;  // [columns, rows]
+  int64_t rows = 0;         // of the block-aligned layout: a multiple of kScaleBlock
+  void* values = nullptr;   // [columns, rows]
   float* scales = nullptr;  // [rows / kScaleBlock, columns]
   TileInput input = TileInput::kBf16;
   TileOutput output = TileOutput::kE4m3;
