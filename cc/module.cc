@@ -54,15 +54,8 @@ nb::capsule capsule(const void* p) { return nb::capsule(const_cast<void*>(p)); }
 // One target's stage handlers, as jax.ffi.register_ffi_target takes them.
 nb::dict stages(const HandlerBundle& h, bool command_buffers) {
   nb::dict out;
-  out["instantiate"] = capsule(reinterpret_cast<const void*>(h.instantiate));
-  out["execute"] = capsule(
-      reinterpret_cast<const void*>(command_buffers ? h.execute : h.execute_outside_graphs));
-  return out;
-}
-
-// A target without a Plan: its execute handler only.
-nb::dict execute_stage(const ExecuteHandlers& h, bool command_buffers) {
-  nb::dict out;
+  if (h.instantiate != nullptr)
+    out["instantiate"] = capsule(reinterpret_cast<const void*>(h.instantiate));
   out["execute"] = capsule(
       reinterpret_cast<const void*>(command_buffers ? h.execute : h.execute_outside_graphs));
   return out;
@@ -75,7 +68,7 @@ nb::dict registrations(bool command_buffers) {
   out[kRaggedDotTarget] = stages(ragged_ffi_handlers(), command_buffers);
   out[kScaledGemmTarget] = stages(scaled_gemm_ffi_handlers(), command_buffers);
   out[kScaledRaggedDotTarget] = stages(scaled_ragged_ffi_handlers(), command_buffers);
-  out[kQuantizeTokenTilesTarget] = execute_stage(token_tile_ffi_handlers(), command_buffers);
+  out[kQuantizeTokenTilesTarget] = stages(token_tile_ffi_handlers(), command_buffers);
   return out;
 }
 

@@ -37,6 +37,13 @@ inline int dtype_bytes(xla::ffi::DataType t) {
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// "[d0, d1, ...]": a buffer's dimensions, for error messages.
+inline std::string shape_text(xla::ffi::Span<const int64_t> d) {
+  std::string out = "[";
+  for (size_t i = 0; i < d.size(); ++i) out += (i ? ", " : "") + std::to_string(d[i]);
+  return out + "]";
+}
+
 // The element type a dtype's buffers hold (mxe4m3's values are e4m3).
 constexpr std::string_view value_dtype(std::string_view name) {
   for (const ValueDtype& row : kValueDtypes)

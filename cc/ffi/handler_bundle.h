@@ -8,7 +8,7 @@
 namespace jax_cluster {
 
 struct HandlerBundle {
-  XLA_FFI_Handler* instantiate;
+  XLA_FFI_Handler* instantiate;             // null for a target without a Plan
   XLA_FFI_Handler* execute;                 // command-buffer compatible
   XLA_FFI_Handler* execute_outside_graphs;  // run as its own thunk, never traced
 };

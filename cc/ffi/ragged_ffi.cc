@@ -32,12 +32,6 @@ ffi::Error invalid(const char* target, const std::string& msg) {
   return ffi::Error::InvalidArgument(std::string(target) + ": " + msg);
 }
 
-std::string dims(ffi::Span<const int64_t> d) {
-  std::string out = "[";
-  for (size_t i = 0; i < d.size(); ++i) out += (i ? ", " : "") + std::to_string(d[i]);
-  return out + "]";
-}
-
 // Fills the GEMM view (see GemmProblem) from the buffers as the variant lays them out.
 std::string problem_from_buffers(const VariantEntry& v, const ffi::AnyBuffer& a,
                                  const ffi::AnyBuffer& b, int64_t groups, const ffi::AnyBuffer& d,
@@ -48,7 +42,7 @@ std::string problem_from_buffers(const VariantEntry& v, const ffi::AnyBuffer& a,
   if (ragged_m) {  // A [rows, K]; B [G, K, N] or [G, N, K]; D [rows, N]
     if (da.size() != 2 || db.size() != 3 || dd.size() != 2)
       return "ragged_m takes A [rows, K], B [G, K, N] or [G, N, K] and gives [rows, N]; got A " +
-             dims(da) + ", B " + dims(db) + ", result " + dims(dd);
+             shape_text(da) + ", B " + shape_text(db) + ", result " + shape_text(dd);
     m = da[0], k = da[1];
     n = v.b_major == 'n' ? db[2] : db[1];
     int64_t kb = v.b_major == 'n' ? db[1] : db[2];
@@ -57,23 +51,23 @@ std::string problem_from_buffers(const VariantEntry& v, const ffi::AnyBuffer& a,
     if (kb != k)
       return "contracting dimensions differ: A has " + std::to_string(k) + ", B has " +
              std::to_string(kb);
-    if (dd[0] != m || dd[1] != n) return "result must be [rows, N]; got " + dims(dd);
+    if (dd[0] != m || dd[1] != n) return "result must be [rows, N]; got " + shape_text(dd);
   } else if (v.a_major == 'k') {  // A [K', rows]; B [N', rows]; D [G, K', N'] (block-scaled)
     if (da.size() != 2 || db.size() != 2 || dd.size() != 3)
       return "ragged_k (K-major) takes A [K', rows], B [N', rows] and gives [G, K', N']; got A " +
-             dims(da) + ", B " + dims(db) + ", result " + dims(dd);
+             shape_text(da) + ", B " + shape_text(db) + ", result " + shape_text(dd);
     if (da[1] != db[1]) return "A and B have different row counts";
     m = da[0], n = db[0], k = da[1];
     if (dd[0] != groups || dd[1] != m || dd[2] != n)
-      return "result must be [G, K', N']; got " + dims(dd);
+      return "result must be [G, K', N']; got " + shape_text(dd);
   } else {  // A [rows, K'] read transposed; B [rows, N']; D [G, K', N']
     if (da.size() != 2 || db.size() != 2 || dd.size() != 3)
-      return "ragged_k takes A [rows, K'], B [rows, N'] and gives [G, K', N']; got A " + dims(da) +
-             ", B " + dims(db) + ", result " + dims(dd);
+      return "ragged_k takes A [rows, K'], B [rows, N'] and gives [G, K', N']; got A " +
+             shape_text(da) + ", B " + shape_text(db) + ", result " + shape_text(dd);
     if (da[0] != db[0]) return "A and B have different row counts";
     m = da[1], n = db[1], k = da[0];
     if (dd[0] != groups || dd[1] != m || dd[2] != n)
-      return "result must be [G, K', N']; got " + dims(dd);
+      return "result must be [G, K', N']; got " + shape_text(dd);
   }
   const int64_t kMax = INT32_MAX;
   if (m > kMax || n > kMax || k > kMax || groups > kMax) return "a dimension exceeds 2^31 - 1";
@@ -95,7 +89,8 @@ std::string check_scale(const char* label, const ffi::AnyBuffer& scale,
     return std::string(label) + " must be float32, got " + dtype_name(scale.element_type());
   auto got = scale.dimensions();
   if (got.size() != Rank || !std::equal(want.begin(), want.end(), got.begin()))
-    return std::string(label) + " must be " + dims({want.data(), Rank}) + "; got " + dims(got);
+    return std::string(label) + " must be " + shape_text({want.data(), Rank}) + "; got " +
+           shape_text(got);
   return "";
 }
 

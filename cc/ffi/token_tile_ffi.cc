@@ -22,12 +22,6 @@ ffi::Error invalid(const std::string& msg) {
   return ffi::Error::InvalidArgument(std::string(kQuantizeTokenTilesTarget) + ": " + msg);
 }
 
-std::string shape(ffi::Span<const int64_t> d) {
-  std::string out = "[";
-  for (size_t i = 0; i < d.size(); ++i) out += (i ? ", " : "") + std::to_string(d[i]);
-  return out + "]";
-}
-
 // "" and the request when the buffers fit together, else what is wrong.
 std::string request(const ffi::AnyBuffer& x, const ffi::Buffer<ffi::S32>& group_sizes,
                     const ffi::AnyBuffer& values, const ffi::AnyBuffer& scales,
@@ -36,7 +30,7 @@ std::string request(const ffi::AnyBuffer& x, const ffi::Buffer<ffi::S32>& group_
   if (dx.size() != 2 || dv.size() != 2 || ds.size() != 2 || group_sizes.dimensions().size() != 1)
     return "takes x [M, C] and group_sizes [G] and gives values [C, rows] and scales "
            "[rows/128, C]; got x " +
-           shape(dx) + ", values " + shape(dv) + ", scales " + shape(ds);
+           shape_text(dx) + ", values " + shape_text(dv) + ", scales " + shape_text(ds);
   switch (x.element_type()) {
     case ffi::DataType::BF16: q->input = TileInput::kBf16; break;
     case ffi::DataType::F16: q->input = TileInput::kF16; break;
@@ -54,8 +48,8 @@ std::string request(const ffi::AnyBuffer& x, const ffi::Buffer<ffi::S32>& group_
   const int64_t columns = dx[1], rows = dv[1];
   if (dv[0] != columns || rows % kScaleBlock || ds[0] != rows / kScaleBlock || ds[1] != columns)
     return "values must be [C, rows] with rows a multiple of " + std::to_string(kScaleBlock) +
-           " and scales [rows/" + std::to_string(kScaleBlock) + ", C]; got x " + shape(dx) +
-           ", values " + shape(dv) + ", scales " + shape(ds);
+           " and scales [rows/" + std::to_string(kScaleBlock) + ", C]; got x " + shape_text(dx) +
+           ", values " + shape_text(dv) + ", scales " + shape_text(ds);
   if (columns % kTokenTileColumns)
     return "C = " + std::to_string(columns) + " is not a multiple of " +
            std::to_string(kTokenTileColumns);
@@ -98,8 +92,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(QuantizeTokenTiles, execute, binding(),
                               {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(QuantizeTokenTilesOutsideGraphs, execute, binding());
 
-ExecuteHandlers token_tile_ffi_handlers() {
-  return {QuantizeTokenTiles, QuantizeTokenTilesOutsideGraphs};
+HandlerBundle token_tile_ffi_handlers() {
+  return {nullptr, QuantizeTokenTiles, QuantizeTokenTilesOutsideGraphs};
 }
 
 }  // namespace jax_cluster

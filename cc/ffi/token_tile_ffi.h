@@ -3,15 +3,10 @@
 // (kernels/token_tile_quantize.h). No Plan: the buffers say everything.
 #pragma once
 
-#include "xla/ffi/api/c_api.h"
+#include "ffi/handler_bundle.h"
 
 namespace jax_cluster {
 
-struct ExecuteHandlers {
-  XLA_FFI_Handler* execute;                 // command-buffer compatible
-  XLA_FFI_Handler* execute_outside_graphs;  // run as its own thunk, never traced
-};
-
-ExecuteHandlers token_tile_ffi_handlers();
+HandlerBundle token_tile_ffi_handlers();  // no instantiate stage
 
 }  // namespace jax_cluster

@@ -115,8 +115,9 @@ def grouped_weight_gradient(
     groups = group_sizes.shape[0]
     rows = token_tiles.padded_rows(x.shape[0], groups)
     sizes = clamp_group_sizes(group_sizes, x.shape[0])
+    # the raw sizes: the quantization cuts them itself (XLA merges that cut with the one above)
     (xq, x_scales), (dyq, dy_scales) = (
-        token_tiled(v, sizes, rows, d, quantize_kernel) for v, d in ((x, E4M3), (dy, grad_dtype))
+        token_tiled(v, group_sizes, rows, d, quantize_kernel) for v, d in ((x, E4M3), (dy, grad_dtype))
     )
     k, n = x.shape[1], dy.shape[1]
     if xq.dtype == dyq.dtype:

@@ -65,24 +65,28 @@ struct ClcScheduling {
   }
 };
 
+// A 2-SM grouped row over a 2x1 cluster on CLC scheduling: MainloopSchedule
+// and Operands say how it reads A and B.
+template <class MainloopSchedule, class Operands, class ElementAB, class ElementD, class LayoutA,
+          class LayoutB, int MmaM, int MmaN, int MmaK, int Stages, RaggedProblem Problem>
+using TwoSmGroupedGemm =
+    CutlassGroupedGemm<cutlass::arch::Sm100, ElementAB, ElementD, LayoutA, LayoutB,
+                       cute::Shape<cute::Int<MmaM>, cute::Int<MmaN>, cute::Int<MmaK>>,
+                       cute::Shape<cute::_2, cute::_1, cute::_1>, Stages, MainloopSchedule,
+                       cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm, Problem,
+                       ClcScheduling<Problem, MmaM, MmaN, /*ClusterM=*/2>, Operands>;
+
 template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int MmaM, int MmaN,
           int MmaK, int Stages, RaggedProblem Problem>
 using GroupedGemm =
-    CutlassGroupedGemm<cutlass::arch::Sm100, ElementAB, ElementD, LayoutA, LayoutB,
-                       cute::Shape<cute::Int<MmaM>, cute::Int<MmaN>, cute::Int<MmaK>>,
-                       cute::Shape<cute::_2, cute::_1, cute::_1>, Stages,
-                       cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmSm100,
-                       cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm, Problem,
-                       ClcScheduling<Problem, MmaM, MmaN, /*ClusterM=*/2>>;
+    TwoSmGroupedGemm<cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmSm100, GroupedPlainOperands,
+                     ElementAB, ElementD, LayoutA, LayoutB, MmaM, MmaN, MmaK, Stages, Problem>;
 
 template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int MmaM, int MmaN,
           int MmaK, int Stages, RaggedProblem Problem>
 using GroupedMxGemm =
-    CutlassGroupedGemm<cutlass::arch::Sm100, ElementAB, ElementD, LayoutA, LayoutB,
-                       cute::Shape<cute::Int<MmaM>, cute::Int<MmaN>, cute::Int<MmaK>>,
-                       cute::Shape<cute::_2, cute::_1, cute::_1>, Stages,
-                       cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmMxf8f6f4Sm100,
-                       cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm, Problem,
-                       ClcScheduling<Problem, MmaM, MmaN, /*ClusterM=*/2>, GroupedMxOperands>;
+    TwoSmGroupedGemm<cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmMxf8f6f4Sm100,
+                     GroupedMxOperands, ElementAB, ElementD, LayoutA, LayoutB, MmaM, MmaN, MmaK,
+                     Stages, Problem>;
 
 }  // namespace jax_cluster::sm100
