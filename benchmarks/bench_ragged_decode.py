@@ -14,12 +14,12 @@ drawn uniformly, fixed seed), with layer widths from published MoE models.
 
 Contenders, forward only (decode): jax_cluster.ragged_dot as planned (its
 tile in jc_tile_n), jax_cluster.ragged_dot pinned to each tile of
-PINNED_TILES where the build has it ("jc_wide", "jc_narrow"), tokamax's
+PINNED where the build has it ("jc_wide", "jc_narrow", "jc_decode2/4/8"), tokamax's
 mosaic ragged_dot at its default config, and lax.ragged_dot; each checked against a
 float32 per-group reference first, then timed by CUPTI with inputs rotated
 past L2 (bench_ragged's helpers). Writes ragged_decode.json with rows[] of
 {config, tokens, top_k, rows, experts, nonempty_groups, bytes, roofline_ms,
-jc_ms, jc_tile_n, jc_wide_ms, jc_narrow_ms, tokamax_ms, xla_ms,
+jc_ms, jc_tile_n, jc_variant, jc_wide_ms, jc_narrow_ms, jc_decode{2,4,8}_ms, tokamax_ms, xla_ms,
 jc_share_of_roofline, jc_vs_tokamax} (a contender that cannot run records
 {name}_error) and a PNG. --resume FILE keeps an earlier run's rows of the
 cases this run does not measure.
@@ -64,9 +64,14 @@ LAYERS = [
 SMOKE = [("smoke gate", 128, 64, 8, 2), ("smoke down", 64, 128, 16, 4)]
 ROWS = (1, 8, 64, 256, 512, 2048)  # tokens x top_k
 SEED = 20261203
-# The grouped tiles, pinned: the training tile, and the decode tile whose 64-wide
-# N puts more CTAs on a few groups' weights, each with fewer bytes in flight.
-PINNED_TILES = {"jc_wide": (128, 256, 64), "jc_narrow": (128, 64, 64)}
+# Rows pinned: the grouped GEMM's training tile, its decode tile whose 64-wide
+# N puts more CTAs on a few groups' weights, each with fewer bytes in flight,
+# and the CUDA-core decode rows, whose clusters of 2, 4 or 8 CTAs split K.
+PINNED = {
+    "jc_wide": {"tile": (128, 256, 64)},
+    "jc_narrow": {"tile": (128, 64, 64)},
+    **{f"jc_decode{c}": {"tile": (8, 256, 8), "cluster": (c, 1)} for c in (2, 4, 8)},
+}
 
 
 def case_sizes(rows: int, experts: int, top_k: int) -> np.ndarray:
@@ -90,11 +95,14 @@ def dense_peak_flops(iterations: int) -> float:
     return 2 * n**3 / (timing.cupti_ms(jnp.matmul, [(a, b)], iterations) * 1e-3)
 
 
-def pinned_ragged_dot(m: int, n: int, k: int, experts: int, tile):
-    """jax_cluster.ragged_dot pinned to `tile`, or None and why it cannot run."""
-    plan = jax_cluster.plan_ragged(m, n, k, experts, problem="ragged_m", dtype=DTYPE, tile=tile)
+def pinned_ragged_dot(m: int, n: int, k: int, experts: int, pin: dict):
+    """jax_cluster.ragged_dot pinned to the row `pin` names, or None and why it cannot run."""
+    try:
+        plan = jax_cluster.plan_ragged(m, n, k, experts, problem="ragged_m", dtype=DTYPE, **pin)
+    except ValueError as exc:  # the build lacks the row
+        return None, str(exc)
     if plan.path != "kernel":
-        return None, f"no kernel plan for the tile {tile}: {plan.reason}"
+        return None, f"no kernel plan for {pin}: {plan.reason}"
     return functools.partial(jax_cluster.ragged_dot, plan=plan), None
 
 
@@ -132,9 +140,10 @@ def measure(name, k, n, experts, top_k, rows, ceilings, iterations, timer) -> di
     tokamax = None if tokamax_error else bench_ragged.tokamax_ragged_dot(None)
     planned = jax_cluster.plan_ragged(m, n, k, experts, problem="ragged_m", dtype=DTYPE)
     row["jc_tile_n"] = planned.tile_n if planned.path == "kernel" else None
+    row["jc_variant"] = planned.variant if planned.path == "kernel" else None
     contenders, errors = {"jc": jax_cluster.ragged_dot}, {"tokamax": tokamax_error}
-    for short, tile in PINNED_TILES.items():
-        contenders[short], errors[short] = pinned_ragged_dot(m, n, k, experts, tile)
+    for short, pin in PINNED.items():
+        contenders[short], errors[short] = pinned_ragged_dot(m, n, k, experts, pin)
     contenders.update(tokamax=tokamax, xla=jax.lax.ragged_dot)
     for short, ragged_dot in contenders.items():
         row[f"{short}_ms"] = None
@@ -229,8 +238,7 @@ def main(argv=None):
         rows.append(row)
         rows.sort(key=lambda row: (order.get(row["config"], len(order)), row["rows"]))
         cells = " ".join(
-            f"{c} {row[c + '_ms']:.4f}" if row.get(c + "_ms") else f"{c} -"
-            for c in ("jc", *PINNED_TILES, "tokamax", "xla")
+            f"{c} {row[c + '_ms']:.4f}" if row.get(c + "_ms") else f"{c} -" for c in ("jc", *PINNED, "tokamax", "xla")
         )
         print(f"{name:<22} rows={row['rows']:<5} roofline {row['roofline_ms']:.4f} ms | {cells}", flush=True)
         # after every case: a run cut off by a time limit keeps what it measured

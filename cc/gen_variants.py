@@ -38,10 +38,11 @@ def _template(t, v) -> str:
     kind = t.KINDS[v.kind]["template"]
     if v.problem != "dense":
         problem = {"ragged_m": "kRaggedM", "ragged_k": "kRaggedK"}[v.problem]
+        cluster = f"{v.cluster_m}, {v.cluster_n}, " if t.KINDS[v.kind].get("cluster_in_template") else ""
         return (
             f"{ns}::{kind or 'GroupedGemm'}<{types[v.dtype]}, {types[v.out]}, "
             f"{A_LAYOUT[v.a_major]}, {B_LAYOUT[v.b_major]}, {v.tile_m}, {v.tile_n}, "
-            f"{v.tile_k}, {v.stages}, RaggedProblem::{problem}>"
+            f"{v.tile_k}, {cluster}{v.stages}, RaggedProblem::{problem}>"
         )
     if v.swap_ab:  # the kernel's own problem is the transposed one
         a, b = A_LAYOUT[SWAPPED_A_MAJOR[v.b_major]], B_LAYOUT[SWAPPED_B_MAJOR[v.a_major]]

@@ -65,6 +65,14 @@ LATENCY_PER_STAGE_S = 0.19e-6
 # Grouped rows this narrow (128x64) are decode rows: measured only where the
 # weight stream bounds the call, so the planner takes them there alone.
 DECODE_TILE_N_MAX = 64
+# The decode rows (kind "decode") multiply on the CUDA cores: fp32 FMAs per
+# second per SM (H100/H200 SXM: ~67 TFLOP/s of fp32 on 132 SMs).
+FMA_PER_SM = {"sm90a": 67e12 / 2 / 132}
+# Fixed costs per call at decode sizes, beyond the weight stream: a decode
+# row's launch, group scan and last cluster reduction; a grouped GEMM row's
+# prepare kernel, per-group TMA descriptors and pipeline fill.
+DECODE_FIXED_S = 3e-6
+GROUPED_FIXED_S = 10e-6
 
 # dense bf16/f16 tensor-core FLOP/s per SM (H100/H200 SXM: ~989 TFLOP/s on 132
 # SMs; B200: ~2250 TFLOP/s on 148 SMs)
@@ -208,6 +216,47 @@ def grouped_memory_time(v: tables.Variant, m, n, k, groups, clusters, dtype, out
         math.ceil(tiles / busy) * tile_bytes / cta_pull_rate(v, dtype),
     )
     return seconds * (peak / device.sm_count) / (2 * k)
+
+
+def seconds_to_tile_units(seconds: float, k: int, device, dtype) -> float:
+    """`seconds` in tile-units (0 without a modelled ridge point or K)."""
+    edge = ridge(device, dtype)
+    if edge is None or k == 0:
+        return 0.0
+    return seconds * (edge[1] / device.sm_count) / (2 * k)
+
+
+def decode_items(v: tables.Variant, m, n, groups) -> int:
+    """Work items of a decode row with evenly filled groups: each non-empty
+    group's rows in chunks of tile_m, times the column tiles."""
+    filled = min(groups, m)
+    if filled == 0:
+        return 0
+    return filled * math.ceil(m / filled / v.tile_m) * math.ceil(n / v.tile_n)
+
+
+def decode_seconds(v: tables.Variant, m, n, k, groups, clusters, dtype, out, device) -> float:
+    """A decode row's time: the longer of the weight stream (the whole of it at
+    the device's bandwidth, or each CTA's K slice of each item at its pull
+    rate) and its FMAs on the CUDA cores (a chunk of r rows runs the smallest
+    power of two >= r), plus DECODE_FIXED_S."""
+    edge, items = ridge(device, dtype), decode_items(v, m, n, groups)
+    if edge is None or items == 0:
+        return 0.0
+    filled = min(groups, m)
+    per_group = math.ceil(m / filled)
+    chunks = math.ceil(per_group / v.tile_m)
+    last = per_group - (chunks - 1) * v.tile_m
+    padded_rows = (chunks - 1) * v.tile_m + 2 ** math.ceil(math.log2(last))
+    columns = math.ceil(n / v.tile_n) * v.tile_n
+    slice_bytes = math.ceil(k / v.cluster_size) * v.tile_n * tables.DTYPE_BYTES[dtype]
+    stream = max(
+        grouped_bytes(m, n, k, groups, dtype, out) / edge[2],
+        math.ceil(items / clusters) * slice_bytes / cta_pull_rate(v, dtype),
+    )
+    busy = min(device.sm_count, min(items, clusters) * v.cluster_size)
+    fmas = filled * padded_rows * columns * k
+    return max(stream, fmas / (FMA_PER_SM[v.arch] * busy)) + DECODE_FIXED_S
 
 
 def cta_pull_rate(v: tables.Variant, dtype) -> float:

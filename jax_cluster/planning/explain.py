@@ -12,9 +12,19 @@ def _ragged(p) -> bool:
     return p.problem != "dense"
 
 
+def _decode(p) -> bool:
+    return p.uses_kernel and p.kind == "decode"
+
+
 def _decision(p) -> str:
     if not p.uses_kernel:
         return f"Use {_fallback(p)}: {p.reason}."
+    if _decode(p):
+        return (
+            f"Run {p.variant} on {p.arch}: clusters of {p.cluster_m} CTAs that split K, each work item "
+            f"up to {p.tile_m} rows of one group by {p.tile_n} columns on the CUDA cores, "
+            f"{p.schedule} round-robin over the items of {p.groups} groups."
+        )
     over = f" over the tiles of {p.groups} groups" if _ragged(p) else ""
     fused = ", with the bias, activation and C fused into its epilogue" if (p.epilogue == "bias_act") else ""
     return (
@@ -53,6 +63,11 @@ def _evidence(p) -> list[str]:
 
 
 def _efficiency(p) -> str:
+    if _decode(p):
+        return (
+            f"modelled efficiency {p.predicted_efficiency:.0%} (the HBM floor over the modelled time: "
+            "the weight stream or the CUDA cores' FMAs, whichever is longer, plus the launch's fixed cost)"
+        )
     return (
         f"modelled efficiency {p.predicted_efficiency:.0%} (output tiles' MMA time over the resident "
         "clusters' makespan" + (", stretched to the HBM time" if p.memory_bound else "") + ")"
@@ -94,9 +109,29 @@ def _roofline(p) -> str:
     )
 
 
+def _decode_contract(p) -> list[str]:
+    s = p.cluster_m
+    return [
+        f"CTA r of {s}: rows [r*ceil(K/{s}), (r+1)*ceil(K/{s})) of K = {p.k} of every item it takes, "
+        f"all {p.tile_n} columns; its {p.tile_k} warps take every {p.tile_k}th row of B in that slice, "
+        f"each lane 8 columns in one 16-byte load, {p.stages} loads in flight per lane",
+        f"A: the item's rows (at most {p.tile_m}) staged in shared memory as float32, 256 rows of K at a time",
+        f"DSMEM: each CTA adds up its warps' sums in its own shared memory; after a cluster barrier, "
+        f"CTA r sums every {s}th slot of the item's tile over the {s} CTAs' shared memory and writes it; "
+        "two buffers alternate by item, so one cluster barrier per item orders the reads before the next writes",
+        "no multicast: each CTA reads its own slice of B, and A is a few rows",
+        "barriers: one cluster barrier (arrive/wait) per item, and one before exit (no CTA leaves "
+        "while its partial sums may still be read)",
+        f"groups: every CTA scans group_sizes (at most {tables.DECODE_MAX_GROUPS}) into shared memory; "
+        f"a group of more than {p.tile_m} rows spans several items",
+    ]
+
+
 def _contract(p) -> list[str]:
     if not p.uses_kernel:
         return [f"no cluster: XLA's own {'ragged_dot' if _ragged(p) else 'dot'} runs"]
+    if _decode(p):
+        return _decode_contract(p)
     rows = []
     cta_m = p.tile_m // 2 if p.mma == "2cta" else p.tile_m
     for cy in range(p.cluster_n):
@@ -169,6 +204,14 @@ def _walk(p) -> str:
 def _timeline(p) -> list[str]:
     if not p.uses_kernel:
         return ["not modelled for the fallback"]
+    if _decode(p):
+        return [
+            f"work items: each non-empty group's rows in chunks of {p.tile_m}, times "
+            f"{math.ceil(p.n / p.tile_n)} column tiles; group_sizes stay on the device, so the count "
+            "is known there only",
+            f"static: cluster c of {p.max_active_clusters} takes items c, c + {p.max_active_clusters}, ...; "
+            "items cost the same (the same K and columns; a chunk's row count changes only its FMAs)",
+        ]
     if p.problem != "dense":
         return [
             f"{p.groups} groups: tile counts follow group_sizes, which stay on the device, "

@@ -77,15 +77,24 @@ def plan_ragged(
     rows, why = menu_rows(dev, call, overrides, "plan_ragged()")
     if why:
         return xla_plan(base, why)
+    if groups > tables.DECODE_MAX_GROUPS:  # a decode CTA keeps every group's rows in shared memory
+        decode = [v.name for v in rows if v.kind == "decode"]
+        rows = [v for v in rows if v.kind != "decode"]
+        if not rows:
+            return xla_plan(base, f"{decode[0]} takes at most {tables.DECODE_MAX_GROUPS} groups, not {groups}")
 
     memory_bound = problem == "ragged_m" and cost_model.grouped_memory_bound(m, n, k, groups, call.dtype, out, dev)
     if not memory_bound and "variant" not in overrides and "tile" not in overrides:
-        rows = [v for v in rows if v.tile_n > cost_model.DECODE_TILE_N_MAX]
+        rows = [v for v in rows if v.tile_n > cost_model.DECODE_TILE_N_MAX and v.kind != "decode"]
 
     def options(v: tables.Variant, clusters: int):
+        if v.kind == "decode":
+            yield _decode_candidate(v, m, n, k, groups, clusters, call, dev, memory_bound)
+            return
         time, waves, eff = cost_model.grouped_score(v, m, n, k, groups, problem, clusters, _schedule(v))
         if memory_bound:  # the weight stream, at the rate the CTAs this variant keeps busy can pull
             memory = cost_model.grouped_memory_time(v, m, n, k, groups, clusters, call.dtype, out, dev)
+            memory += cost_model.seconds_to_tile_units(cost_model.GROUPED_FIXED_S, k, dev, call.dtype)
             eff *= time / max(time, memory)
             time = max(time, memory)
         yield Candidate((time,), _schedule(v), waves, eff, raster="along_m", memory_bound=memory_bound)
@@ -101,3 +110,15 @@ def plan_ragged(
         f"clusters, {c.schedule} schedule{bound}, modelled efficiency {c.efficiency:.0%}"
     )
     return kernel_plan(base, choice, dev, reason, notes)
+
+
+def _decode_candidate(v: tables.Variant, m, n, k, groups, clusters, call: Call, dev, memory_bound: bool) -> Candidate:
+    """A decode row ranked on its modelled seconds (cost_model.decode_seconds),
+    in tile-units like the grouped rows; its efficiency is the HBM floor over that time."""
+    seconds = cost_model.decode_seconds(v, m, n, k, groups, clusters, call.dtype, call.out_dtype, dev)
+    edge = cost_model.ridge(dev, call.dtype)
+    floor = cost_model.grouped_bytes(m, n, k, groups, call.dtype, call.out_dtype) / edge[2] if edge else 0.0
+    items = cost_model.decode_items(v, m, n, groups)
+    time = cost_model.seconds_to_tile_units(seconds, k, dev, call.dtype)
+    efficiency = floor / seconds if seconds else 0.0
+    return Candidate((time,), _schedule(v), items / clusters, efficiency, raster="along_m", memory_bound=memory_bound)

@@ -63,6 +63,8 @@ ARCH_NAMESPACES: dict[str, str] = {arch: d["namespace"] for arch, d in _CONTRACT
 KINDS: dict[str, dict] = _CONTRACT["kinds"]
 SCHEDULES_BY_KIND: dict[str, tuple[str, ...]] = {k: tuple(d["schedules"]) for k, d in KINDS.items()}
 FFI_TARGETS: dict[str, str] = dict(_CONTRACT["ffi_targets"])
+# The most groups a decode row takes: its CTAs keep every group's rows in shared memory.
+DECODE_MAX_GROUPS: int = _CONTRACT["decode_max_groups"]
 
 
 def arch_for_compute_capability(cc: tuple[int, int]) -> str | None:

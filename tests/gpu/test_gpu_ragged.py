@@ -13,6 +13,8 @@ from helpers import group_bounds, randn, rel_error, tolerance
 from jax import lax
 
 import jax_cluster
+from jax_cluster import _ffi
+from jax_cluster.planning import tables
 from jax_cluster.planning.tables import FFI_TARGETS
 from jax_cluster.primitives.ragged import ragged
 
@@ -109,6 +111,54 @@ def test_forward_on_the_kernel(name, m, k, n, sizes, layout):
     covered = group_bounds(sizes, m)[-1][1]
     assert np.all(np.asarray(out[covered:], np.float32) == 0), "rows past the groups must be 0"
     assert np.array_equal(_bits(out), _bits(f(lhs, rhs, gs))), "not deterministic"
+
+
+DECODE_ROWS = [v.name for v in tables.load_menu() if v.kind == "decode"]
+# (name, M, K, N, sizes): decode's few rows per group, and everything its work
+# items must get right: groups longer than one item's rows, N off the 256-wide
+# tile, K that the cluster's CTAs split unevenly, the size rules, many groups
+DECODE_CASES = [
+    ("one row per group", 8, 2048, 768, [1] * 8 + [0] * 120),
+    ("two rows per group", 64, 1024, 512, [2] * 32),
+    ("groups longer than an item", 300, 512, 264, [0, 1, 150, 0, 9, 140]),
+    ("sum < M, empty groups", 100, 256, 256, [0, 30, 0, 20]),
+    ("sum > M", 64, 256, 512, [40, 40, 40]),
+    ("negative sizes", 64, 256, 256, [-5, 20, -1, 30]),
+    ("sizes near int32 max", 16, 128, 128, [2**31 - 1, 5, 2**31 - 1]),
+    ("K split unevenly", 40, 136, 264, [10, 0, 30]),
+    ("one row", 1, 64, 64, [1]),
+    ("every group empty", 16, 128, 128, [0, 0, 0]),
+    ("1024 groups", 512, 256, 256, _skewed(512, 1024, empty_every=3, seed=7)),
+]
+
+
+@pytest.mark.parametrize("variant", DECODE_ROWS)
+@pytest.mark.parametrize("name,m,k,n,sizes", DECODE_CASES, ids=[c[0] for c in DECODE_CASES])
+def test_decode_rows(name, m, k, n, sizes, variant):
+    if variant not in _ffi.compiled_variant_names():
+        pytest.skip(f"{variant} is not in this build")
+    plan = jax_cluster.plan_ragged(m, n, k, len(sizes), problem="ragged_m", dtype=jnp.bfloat16, variant=variant)
+    assert plan.variant == variant, plan.reason
+    lhs, rhs = _operands(m, k, n, len(sizes), "gkn")
+    gs = jnp.asarray(sizes, jnp.int32)
+    f = jax.jit(lambda l, r, g: jax_cluster.ragged_dot(l, r, g, plan=plan))
+    out = f(lhs, rhs, gs)
+    ref = _reference(lhs, rhs, sizes, "gkn")
+    assert rel_error(out, ref) < tolerance(jnp.bfloat16)
+    # elementwise too: each element within a few bf16 roundings of its row's scale
+    scale = np.abs(np.asarray(ref)).max(axis=1, keepdims=True) + 1e-30
+    assert np.all(np.abs(np.asarray(out, np.float32) - np.asarray(ref)) <= 4 * 2**-8 * scale)
+    covered = group_bounds(sizes, m)[-1][1]
+    assert np.all(np.asarray(out[covered:], np.float32) == 0), "rows past the groups must be 0"
+    assert np.array_equal(_bits(out), _bits(f(lhs, rhs, gs))), "not deterministic"
+
+
+def test_decode_rows_refuse_more_groups_than_their_table():
+    if not DECODE_ROWS or DECODE_ROWS[0] not in _ffi.compiled_variant_names():
+        pytest.skip("no decode row in this build")
+    groups = tables.DECODE_MAX_GROUPS + 1
+    plan = jax_cluster.plan_ragged(64, 256, 256, groups, problem="ragged_m", dtype=jnp.bfloat16, variant=DECODE_ROWS[0])
+    assert plan.path == "xla" and str(tables.DECODE_MAX_GROUPS) in plan.reason
 
 
 @pytest.mark.parametrize("layout", ["gkn", "gnk"])

@@ -30,6 +30,7 @@ FAMILIES = {  # regexes on variant names
     "dense": r"^sm\d+_gemm_(?!.*(blockwise|_mxe4m3_))",
     "block_scaled": r"blockwise|_mxe4m3_",
     "grouped": r"^sm\d+_grouped_gemm_(?!.*(blockwise|_mxe4m3_))",
+    "decode": r"^sm\d+_ragged_decode_",
 }
 NO_MATCH = 2  # sanitizer_calls.py's exit status when no compiled variant matches
 CLEAN = {  # each tool's closing line when it found nothing

@@ -21,6 +21,7 @@ pytestmark = [
 MARKER = re.compile(r"jax_cluster_variant_(\w+)")
 FUNCTION = re.compile(r"^\s*Function : (\S+)\s*$", re.MULTILINE)
 GEMM_KERNEL = "_ZN7cutlass13device_kernel"  # the ragged rows' helper kernels are not GEMMs
+DECODE_KERNEL = "_ZN11jax_cluster4sm906decode20ragged_decode_kernel"
 WORK_QUEUE_FETCH = r"\bATOMG\.E\.ADD\.STRONG\.GPU\b"  # integer add that returns the old value
 CLUSTER_BROADCAST = r"\bSTAS\b"
 # tcgen05.cp: the block-scaled UMMA reads its scale factors from tensor memory
@@ -31,6 +32,13 @@ DESCRIPTOR_ACQUIRE = r"\bUTMACCTL\.IV\b"
 
 def required(v: tables.Variant) -> dict[str, str]:
     """Instruction (regex) -> why the variant must contain it."""
+    if v.kind == "decode":
+        return {
+            r"\bLDG\.E\.128\.CONSTANT\b": "16-byte read-only loads of the weights",
+            r"\bUCGABAR_ARV\b": "cluster barrier arrive (the CTAs' partial sums are complete)",
+            r"\bUCGABAR_WAIT\b": "cluster barrier wait",
+            r"\bLD\.E\b": "generic loads: the other CTAs' partial sums in distributed shared memory",
+        }
     need = {}
     if v.problem != "dense":
         need[DESCRIPTOR_ACQUIRE] = "per-group TMA descriptor acquire (tensormap fence)"
@@ -61,6 +69,13 @@ def required(v: tables.Variant) -> dict[str, str]:
 def forbidden(v: tables.Variant) -> dict[str, str]:
     """Instructions a variant must not contain: they would mean the marker
     matched the wrong cubin, or the kernel is not the kind its row says."""
+    if v.kind == "decode":
+        return {
+            r"\b[HQ]GMMA\.": "warpgroup MMA in a CUDA-core decode kernel",
+            DESCRIPTOR_ACQUIRE: "a TMA descriptor rewrite in a kernel without TMA",
+            WORK_QUEUE_FETCH: "work-queue fetch in a statically scheduled kernel",
+            r"\bATOMS\.CAST\.SPIN\b": "a shared-memory compare-and-swap loop (emulated float atomics)",
+        }
     out = {}
     if "dynamic" not in v.schedules:  # static, stream-K and CLC kernels have no work queue
         out[WORK_QUEUE_FETCH] = "work-queue fetch (global atomic add) in a kernel without a queue"
@@ -81,7 +96,7 @@ def forbidden(v: tables.Variant) -> dict[str, str]:
 def gemm_kernels(sass_text: str) -> list[str]:
     """The SASS of each GEMM kernel function in one cubin's dump."""
     parts = FUNCTION.split(sass_text)
-    return [body for name, body in zip(parts[1::2], parts[2::2]) if name.startswith(GEMM_KERNEL)]
+    return [body for name, body in zip(parts[1::2], parts[2::2]) if name.startswith((GEMM_KERNEL, DECODE_KERNEL))]
 
 
 @pytest.fixture(scope="module")
