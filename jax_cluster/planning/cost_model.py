@@ -68,11 +68,9 @@ DECODE_TILE_N_MAX = 64
 # The decode rows (kind "decode") multiply on the CUDA cores: fp32 FMAs per
 # second per SM (H100/H200 SXM: ~67 TFLOP/s of fp32 on 132 SMs).
 FMA_PER_SM = {"sm90a": 67e12 / 2 / 132}
-# Fixed costs per call at decode sizes, beyond the weight stream: a decode
-# row's launch, group scan and last cluster reduction; a grouped GEMM row's
-# prepare kernel, per-group TMA descriptors and pipeline fill.
+# A decode row's fixed cost per call, beyond the weight stream: its launch,
+# group scan and last cluster reduction (a lead, not a fit).
 DECODE_FIXED_S = 3e-6
-GROUPED_FIXED_S = 10e-6
 
 # dense bf16/f16 tensor-core FLOP/s per SM (H100/H200 SXM: ~989 TFLOP/s on 132
 # SMs; B200: ~2250 TFLOP/s on 148 SMs)
@@ -208,14 +206,14 @@ def grouped_memory_time(v: tables.Variant, m, n, k, groups, clusters, dtype, out
     tiles = grouped_tiles(v, m, n, groups)
     if edge is None or k == 0 or tiles == 0:
         return 0.0
-    _, peak, bandwidth = edge
+    bandwidth = edge[2]
     busy = min(tiles, clusters * v.cluster_size)
     tile_bytes = k * v.tile_n * tables.DTYPE_BYTES[dtype]
     seconds = max(
         grouped_bytes(m, n, k, groups, dtype, out) / bandwidth,
         math.ceil(tiles / busy) * tile_bytes / cta_pull_rate(v, dtype),
     )
-    return seconds * (peak / device.sm_count) / (2 * k)
+    return seconds_to_tile_units(seconds, k, device, dtype)
 
 
 def seconds_to_tile_units(seconds: float, k: int, device, dtype) -> float:
@@ -275,10 +273,7 @@ def _problem_bytes(m, n, k, batch, dtype, out) -> int:
 def hbm_tile_units(moved: int, k: int, device, dtype: str | None = None) -> float:
     """The HBM time of `moved` bytes in tile-units (0 without a modelled ridge point or K)."""
     edge = ridge(device, dtype)
-    if edge is None or k == 0:
-        return 0.0
-    _, peak, bandwidth = edge
-    return moved / bandwidth * (peak / device.sm_count) / (2 * k)
+    return 0.0 if edge is None else seconds_to_tile_units(moved / edge[2], k, device, dtype)
 
 
 def streaming_stretch(busy: float, device) -> float:

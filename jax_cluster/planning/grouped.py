@@ -94,7 +94,6 @@ def plan_ragged(
         time, waves, eff = cost_model.grouped_score(v, m, n, k, groups, problem, clusters, _schedule(v))
         if memory_bound:  # the weight stream, at the rate the CTAs this variant keeps busy can pull
             memory = cost_model.grouped_memory_time(v, m, n, k, groups, clusters, call.dtype, out, dev)
-            memory += cost_model.seconds_to_tile_units(cost_model.GROUPED_FIXED_S, k, dev, call.dtype)
             eff *= time / max(time, memory)
             time = max(time, memory)
         yield Candidate((time,), _schedule(v), waves, eff, raster="along_m", memory_bound=memory_bound)
