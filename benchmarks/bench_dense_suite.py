@@ -7,7 +7,8 @@ dW = xᵀ·dy, M=D_in, N=D_out, K=T, x read in place). Token counts run from 1
 (decode) to 65536. Whole model families are held out: a routing rule fitted
 on the rest is reported on them (`held_out`), never on the shapes it saw.
 
-Device time from CUPTI, inputs rotated past L2, both sides in one process.
+Device time from CUPTI, inputs rotated past L2, both sides in one process,
+timed in interleaved rounds (median of each).
 Writes dense_suite.json ({"device", "jax_version", "commit", "rows": [{"model",
 "m", "n", "k", "layout", "xla_ms", "jc_ms", "path", "held_out"}]}) and a PNG;
 --part I/N runs every Nth row (from I) and --merge keeps the rows of earlier
@@ -23,6 +24,7 @@ import argparse
 import json
 import math
 import pathlib
+import statistics
 import sys
 
 import jax
@@ -32,6 +34,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import common  # noqa: E402
 
 import jax_cluster  # noqa: E402
+from jax_cluster.planning import tables  # noqa: E402
 from jax_cluster.primitives.gemm import gemm  # noqa: E402
 from jax_cluster.tuning import timing  # noqa: E402
 from jax_cluster.tuning.accuracy import relative_error  # noqa: E402
@@ -117,12 +120,26 @@ def dimension_numbers(layout):
     return (((1 if a_major == "k" else 0,), (1 if b_major == "k" else 0,)), ((), ()))
 
 
-def measure(row, dtype, iterations, both_paths):
+def interleaved_ms(fns: dict, args, iterations: int, rounds: int) -> dict:
+    """Median device time of each function over `rounds` rounds, each round
+    timing every function once, in reversed order every other round: clocks
+    that drift as the card heats over a run weigh on every side alike."""
+    times = {name: [] for name in fns}
+    for i in range(rounds):
+        for name in list(fns)[:: -1 if i % 2 else 1]:
+            times[name].append(timing.cupti_ms(fns[name], args, iterations))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def measure(row, dtype, iterations, both_paths, pinned=(), rounds=2):
     """XLA's dot, the kernel the planner picks before routing (`kernel_ms`,
     the evidence a routing rule is fitted on) and what a default call runs
-    (`jc_ms`: the same kernel, or XLA's dot where the routing rule sends it).
+    (`jc_ms`: the same kernel, or XLA's dot where the routing rule sends it),
+    timed in `rounds` interleaved rounds (interleaved_ms).
     `both_paths` also times the call forced onto its XLA path (`routed_xla_ms`),
-    so a rule fitted afterwards can be scored on paths measured in this run."""
+    so a rule fitted afterwards can be scored on paths measured in this run.
+    `pinned` names menu rows to time as well, each on the rows of its layout
+    (`pinned_ms`: {variant: ms}), to compare rows the planner may not take yet."""
     m, n, k, layout = row["m"], row["n"], row["k"], row["layout"]
     dims = dimension_numbers(layout)
     args = operands(jax.random.key(m * 7 + n * 3 + k), m, n, k, layout, dtype)
@@ -139,27 +156,30 @@ def measure(row, dtype, iterations, both_paths):
     def xla(a, b):
         return jax.lax.dot_general(a, b, dims, preferred_element_type=dtype)
 
+    def pinned_plan(p):
+        return lambda a, b: gemm(a, b, a_major=a_major, b_major=b_major, plan=p)
+
     want = jax.jit(xla)(*args[0]).astype(jnp.float32)
     err = float(relative_error(jax.jit(ours)(*args[0]), want))
     kernel_err = float(relative_error(jax.jit(kernel)(*args[0]), want))
-    xla_ms = timing.cupti_ms(xla, args, iterations)
-    kernel_ms = timing.cupti_ms(kernel, args, iterations) if kernel_plan.uses_kernel else None
-    routed_xla_ms = None
+    fns = {"xla": xla}
+    if kernel_plan.uses_kernel:
+        fns["kernel"] = kernel
     if both_paths:
-        xla_path = jax_cluster.plan(m, n, k, dtype=dtype, a_major=a_major, b_major=b_major, path="xla")
-        routed_xla_ms = timing.cupti_ms(
-            lambda a, b: gemm(a, b, a_major=a_major, b_major=b_major, plan=xla_path), args, iterations
+        fns["routed_xla"] = pinned_plan(
+            jax_cluster.plan(m, n, k, dtype=dtype, a_major=a_major, b_major=b_major, path="xla")
         )
+    for name in pinned:
+        fns[name] = pinned_plan(jax_cluster.plan(m, n, k, dtype=dtype, a_major=a_major, b_major=b_major, variant=name))
     same = plan.uses_kernel and plan.variant == kernel_plan.variant and plan.schedule == kernel_plan.schedule
-    if same:
-        jc_ms = kernel_ms
-    elif not plan.uses_kernel and routed_xla_ms is not None:
-        jc_ms = routed_xla_ms
-    else:
-        jc_ms = timing.cupti_ms(ours, args, iterations)
+    if not same and not (not plan.uses_kernel and both_paths):
+        fns["ours"] = ours  # a call that is neither of the paths timed above
+    ms = interleaved_ms(fns, args, iterations, rounds)
+    kernel_ms, routed_xla_ms = ms.get("kernel"), ms.get("routed_xla")
+    jc_ms = kernel_ms if same else routed_xla_ms if not plan.uses_kernel and both_paths else ms["ours"]
     return dict(
         row,
-        xla_ms=xla_ms,
+        xla_ms=ms["xla"],
         jc_ms=jc_ms,
         kernel_ms=kernel_ms,
         routed_xla_ms=routed_xla_ms,
@@ -172,6 +192,8 @@ def measure(row, dtype, iterations, both_paths):
         reason=plan.reason,
         rel_err_vs_xla=err,
         kernel_rel_err_vs_xla=kernel_err,
+        rounds=rounds,
+        **({"pinned_ms": {name: ms[name] for name in pinned}} if pinned else {}),
     )
 
 
@@ -235,6 +257,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common.add_out_argument(parser)
     parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds per row (median)")
     parser.add_argument("--part", default="0/1", help="I/N: every Nth row of the suite, from row I")
     parser.add_argument("--merge", action="store_true", help="keep the rows of an earlier run in --out")
     parser.add_argument("--list", action="store_true", help="print the rows and exit (no GPU)")
@@ -242,10 +265,22 @@ def main():
     parser.add_argument(
         "--both-paths", action="store_true", help="also time each call forced onto XLA's path (to fit a rule)"
     )
+    parser.add_argument(
+        "--pin",
+        action="append",
+        default=[],
+        metavar="VARIANT",
+        help="also time this menu row on the rows of its layout (repeatable); writes dense_suite_pinned.json",
+    )
+    parser.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated layouts to run")
+    parser.add_argument("--max-k", type=int, default=None, help="only rows with K at most this")
     args = parser.parse_args()
     first, count = (int(x) for x in args.part.split("/"))
     rows = [r for r in suite() if args.rows == "all" or r["held_out"] == (args.rows == "held_out")]
+    layouts = set(args.layouts.split(","))
+    rows = [r for r in rows if r["layout"] in layouts and (args.max_k is None or r["k"] <= args.max_k)]
     rows = rows[first::count]
+    name = "dense_suite_pinned" if args.pin else "dense_suite"
     if args.list:
         for r in rows:
             print(
@@ -256,18 +291,24 @@ def main():
         return
     out = common.results_dir(args.out)
     done = {}
-    if args.merge and (out / "dense_suite.json").exists():
-        for r in json.loads((out / "dense_suite.json").read_text())["rows"]:
+    if args.merge and (out / f"{name}.json").exists():
+        for r in json.loads((out / f"{name}.json").read_text())["rows"]:
             done[(r["model"], r["layer"], r["tokens"], r["layout"])] = r
+    menu = {v.name: v for v in tables.load_menu()}
+    unknown = [p for p in args.pin if p not in menu]
+    if unknown:
+        parser.error(f"--pin: not in the menu: {', '.join(unknown)}")
     for r in rows:
-        r = measure(r, jnp.bfloat16, args.iterations, args.both_paths)
+        pins = [p for p in args.pin if (menu[p].a_major, menu[p].b_major) == MAJORS[r["layout"]]]
+        r = measure(r, jnp.bfloat16, args.iterations, args.both_paths, pins, args.rounds)
         done[(r["model"], r["layer"], r["tokens"], r["layout"])] = r
-        with open(out / "dense_suite_rows.jsonl", "a") as f:  # kept should the run be cut short
+        with open(out / f"{name}_rows.jsonl", "a") as f:  # kept should the run be cut short
             f.write(json.dumps(r) + "\n")
         print(
             f"{r['model']:<14} {r['layer']:<8} T={r['tokens']:<6} {r['layout']} XLA {r['xla_ms']:.4f} ms, "
             f"ours {r['jc_ms']:.4f} ms ({r['xla_ms'] / r['jc_ms']:.3f}x) {r['path']} "
-            f"{'held out' if r['held_out'] else ''}",
+            f"{'held out' if r['held_out'] else ''}"
+            + "".join(f" | {v.rsplit('_', 1)[-1]} {ms:.4f} ms" for v, ms in r.get("pinned_ms", {}).items()),
             flush=True,
         )
     ordered = [
@@ -281,7 +322,7 @@ def main():
         "summary": summary(ordered),
         "rows": ordered,
     }
-    common.write_results(out, "dense_suite", payload, plot)
+    common.write_results(out, name, payload, plot)
     print(json.dumps(payload["summary"], indent=1))
 
 

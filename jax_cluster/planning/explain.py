@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from jax_cluster.planning import cost_model, schedule, tables
+from jax_cluster.planning import cost_model, routing, schedule, tables
 
 
 def _ragged(p) -> bool:
@@ -77,7 +77,14 @@ def _efficiency(p) -> str:
 def _fallback(p) -> str:
     if p.dtype in tables.BLOCK_SCALED_DTYPES:
         return "the ops' bf16 path on the dequantized operands"
-    return "XLA's ragged_dot" if p.problem != "dense" else "XLA's dot"
+    if p.problem != "dense":
+        return "XLA's ragged_dot"
+    if p.device.platform == "cuda" and routing.pads_unit_k(p.m, p.n, p.k, p.batch, tables.NUMPY_DTYPES.get(p.dtype)):
+        return (
+            "XLA's dot with K padded to 2 by zeros (XLA turns a K = 1 dot into an elementwise multiply, "
+            "which runs slower than its GEMM of the padded product)"
+        )
+    return "XLA's dot"
 
 
 def _roofline(p) -> str:

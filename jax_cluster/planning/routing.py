@@ -30,6 +30,21 @@ ROUTE_ENV = "JAX_CLUSTER_ROUTE"
 LAYOUTS = {("k", "n"): "kn", ("k", "k"): "kk", ("m", "n"): "mn", ("m", "k"): "mk"}
 
 
+# XLA rewrites a dot whose contraction has one element into an elementwise
+# multiply, which stored bf16 at 1.7 TB/s on the H200 (one run, 2026-12-03,
+# results/h200/investigations/short_k.json: a 4096x128256 weight gradient of
+# one token took 618 us), where the same product with K padded to 2 ran as a
+# GEMM in 282 us. Padding costs two small copies, so only outputs this large
+# (16-bit floats: f32 dots may round their inputs to TF32) take it.
+PAD_UNIT_K_MIN_OUTPUTS = 1 << 23
+PAD_UNIT_K_DTYPES = ("bfloat16", "float16")
+
+
+def pads_unit_k(m: int, n: int, k: int, batch: int, dtype) -> bool:
+    """Whether XLA's path runs a K = 1 product as a dot of K padded to 2."""
+    return k == 1 and m * n * batch >= PAD_UNIT_K_MIN_OUTPUTS and str(dtype) in PAD_UNIT_K_DTYPES
+
+
 @dataclasses.dataclass(frozen=True)
 class Rule:
     layout: str

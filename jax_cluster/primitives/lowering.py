@@ -6,6 +6,7 @@ fallbacks, which follow the kernels' semantics exactly).
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ from jax import lax
 from jax.interpreters import mlir
 
 from jax_cluster import _ffi
+from jax_cluster.planning import routing
 from jax_cluster.planning.plan import Plan
 from jax_cluster.planning.tables import ACTIVATIONS, FFI_TARGETS, SCALE_BLOCK
 from jax_cluster.primitives import mx_scales, token_tiles
@@ -75,12 +77,33 @@ def _degenerate(m, n, k) -> bool:
     return k <= 1 or (m <= 1 and n <= 1)
 
 
+def xla_gemm_padded_k(a, b, *, a_major, b_major, out_dtype, plan):
+    """XLA's dot of a K = 1 product with K padded to 2 by a zero row of A and
+    of B: the sum is the same product, but XLA runs it as a GEMM, where K = 1
+    becomes an elementwise multiply (see routing.pads_unit_k)."""
+    nb = a.ndim - 2
+    k_axis_a = nb + 1 if a_major == "k" else nb
+    k_axis_b = nb + 1 if b_major == "k" else nb
+
+    def pad(x, axis):
+        return lax.pad(x, jnp.zeros((), x.dtype), [(0, 1 if i == axis else 0, 0) for i in range(x.ndim)])
+
+    return xla_gemm(
+        pad(a, k_axis_a), pad(b, k_axis_b), a_major=a_major, b_major=b_major, out_dtype=out_dtype, plan=plan, wide=False
+    )
+
+
 def _gemm_cuda_lowering(ctx, a, b, *, a_major, b_major, out_dtype, plan: Plan):
     if not _runs_kernel(plan):
-        _, m, n, k, _ = gemm_dims(ctx.avals_in[0].shape, ctx.avals_in[1].shape, a_major, b_major)
-        fallback = functools.partial(
-            xla_gemm, a_major=a_major, b_major=b_major, out_dtype=out_dtype, plan=plan, wide=_degenerate(m, n, k)
-        )
+        batch, m, n, k, _ = gemm_dims(ctx.avals_in[0].shape, ctx.avals_in[1].shape, a_major, b_major)
+        if routing.pads_unit_k(m, n, k, math.prod(batch), ctx.avals_in[0].dtype):
+            fallback = functools.partial(
+                xla_gemm_padded_k, a_major=a_major, b_major=b_major, out_dtype=out_dtype, plan=plan
+            )
+        else:
+            fallback = functools.partial(
+                xla_gemm, a_major=a_major, b_major=b_major, out_dtype=out_dtype, plan=plan, wide=_degenerate(m, n, k)
+            )
         return mlir.lower_fun(fallback, multiple_results=False)(ctx, a, b)
     return lower_kernel_call(ctx, FFI_TARGETS["gemm"], plan, a, b)
 

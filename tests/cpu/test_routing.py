@@ -7,6 +7,7 @@ import json
 import math
 import pathlib
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -15,6 +16,7 @@ from jax_cluster import _ffi
 from jax_cluster.planning import routing
 from jax_cluster.planning.call import Call
 from jax_cluster.planning.device import DeviceInfo
+from jax_cluster.primitives.gemm import gemm
 
 needs_kernels = pytest.mark.skipif(not _ffi.with_kernels(), reason="built without kernels")
 H200 = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132, 232448, 60 << 20)
@@ -161,3 +163,41 @@ def test_info_says_how_kernel_calls_run(monkeypatch):
     assert info.route == "measured" and isinstance(info.command_buffers, bool)
     if info.with_kernels:
         assert "dense calls routed: measured" in str(info)
+
+
+def _cuda_hlo(m, n, a_major, b_major, dtype=jnp.bfloat16):
+    """The StableHLO of a K = 1 product on XLA's path, lowered for CUDA (no GPU needed)."""
+    a = jnp.ones((m, 1) if a_major == "k" else (1, m), dtype)
+    b = jnp.ones((n, 1) if b_major == "k" else (1, n), dtype)
+    p = jax_cluster.plan(m, n, 1, dtype=dtype, a_major=a_major, b_major=b_major, path="xla")
+    fn = jax.jit(lambda x, y: gemm(x, y, a_major=a_major, b_major=b_major, plan=p))
+    return fn.trace(a, b).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("majors", [("m", "n"), ("k", "n"), ("k", "k")])  # dW of one token, outer product, kk
+def test_xla_runs_a_large_k1_product_as_a_dot_of_k_padded_to_2(majors):
+    text = _cuda_hlo(4096, 4096, *majors)
+    assert text.count("stablehlo.pad") == 2
+    assert "tensor<2x4096xbf16>" in text or "tensor<4096x2xbf16>" in text
+    assert "stablehlo.dot_general" in text
+
+
+def test_small_or_float32_k1_products_keep_xla_dot_as_it_is():
+    assert "stablehlo.pad" not in _cuda_hlo(256, 256, "m", "n")
+    assert "stablehlo.pad" not in _cuda_hlo(4096, 4096, "m", "n", jnp.float32)
+
+
+def test_the_padded_form_computes_the_product_exactly():
+    from jax_cluster.primitives.lowering import xla_gemm, xla_gemm_padded_k
+
+    a = jax.random.normal(jax.random.key(0), (2, 1, 48)).astype(jnp.bfloat16)
+    b = jax.random.normal(jax.random.key(1), (2, 1, 40)).astype(jnp.bfloat16)
+    kw = dict(a_major="m", b_major="n", out_dtype=jnp.bfloat16, plan=None)
+    padded, plain = xla_gemm_padded_k(a, b, **kw), xla_gemm(a, b, **kw)
+    assert padded.shape == (2, 48, 40) and bool((padded == plain).all())
+
+
+def test_explain_names_the_padded_form():
+    p = plan(4096, 14336, 1, a_major="m", b_major="n", path="xla")
+    assert "K padded to 2" in p.explain()
+    assert "K padded to 2" not in plan(4096, 14336, 2, a_major="m", b_major="n", path="xla").explain()
