@@ -97,10 +97,12 @@ def test_the_environment_sets_the_default_route(monkeypatch):
 
 
 @needs_kernels
-def test_an_outer_product_keeps_the_kernel_where_it_measured_faster():
-    # K = 1 weight gradients (one token): 1.3-1.8x XLA's dot on the H200
+def test_a_single_token_weight_gradient_takes_xlas_padded_dot():
+    # K = 1 (one token): the kernel ran 1.3-1.8x XLA's own K = 1 dot on the
+    # H200, and XLA's dot of K padded to 2 ran 1.1-1.2x the kernel
     p = plan(4096, 14336, 1, a_major="m", b_major="n")
-    assert p.path == "kernel", p.reason
+    assert p.path == "xla" and "K padded to 2" in p.explain(), p.reason
+    assert plan(4096, 14336, 1, a_major="m", b_major="n", route="kernel").path == "kernel"
 
 
 @needs_kernels
