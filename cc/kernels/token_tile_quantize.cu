@@ -124,10 +124,14 @@ __global__ void __launch_bounds__(kThreads)
     // the float32 reciprocal, as XLA's form; a NaN amax gives 1, as there
     const float scale = amax > 0.0f ? amax * Format<Out>::kInverse : 1.0f;
     if (quarter == 0) scales[int64_t(blockIdx.x) * columns + c0 + c] = scale;
+    // x times the reciprocal, as XLA's form: XLA computes a division by a
+    // broadcast that way, and lowers 1 / s to rcp.approx.f32 on the GPU
+    float inverse;
+    asm("rcp.approx.f32 %0, %1;" : "=f"(inverse) : "f"(scale));
     __align__(16) uint8_t bytes[kRowsPerThread];
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
-      float v = to_float(tile[quarter * kRowsPerThread + i][c]) / scale;
+      float v = to_float(tile[quarter * kRowsPerThread + i][c]) * inverse;
       v = v > kLargest ? kLargest : (v < -kLargest ? -kLargest : v);  // a NaN stays NaN
       bytes[i] = Out(v).__x;  // round to nearest even
     }

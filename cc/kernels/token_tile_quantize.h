@@ -4,7 +4,7 @@
 // tile, primitives/token_tiles.py), and scales [rows/128, C] in float32, one
 // per 128 rows of a column: amax times the float32 reciprocal of the
 // format's largest value, 1 for an all-zero tile. Rows between groups are
-// zeros. The values are x / scale, clipped to the format, rounded to nearest
+// zeros. The values are x times 1 / scale, clipped to the format, rounded to nearest
 // even: the same numbers as primitives/token_tile_quantize.py's XLA form.
 //
 // Host-callable from the FFI handler; the kernel is in token_tile_quantize.cu.

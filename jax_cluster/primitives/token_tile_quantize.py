@@ -4,7 +4,7 @@ scales [rows/128, C] in float32, rows in the layout of
 primitives/token_tiles.py (each group starting on a 128-row tile, zeros
 between groups). One scale per 128 rows of a column: amax times the float32
 reciprocal of the format's largest value (1 for an all-zero tile); values
-are x / scale clipped to the format, rounded to nearest even.
+are x times 1 / scale clipped to the format, rounded to nearest even.
 
 On CUDA with `use_kernel` it is one kernel (kernels/token_tile_quantize.cu:
 one read of x, one byte written per value); elsewhere, and where the kernel
@@ -56,7 +56,8 @@ def xla_token_tiles(x, sizes, *, rows, dtype, use_kernel=False):
     amax = jnp.max(jnp.abs(tiles), axis=1)
     # times the float32 reciprocal, as the kernel does (XLA turns a division by a constant into this)
     scales = jnp.where(amax > 0, amax * np.float32(1.0 / largest), 1.0)
-    values = jnp.clip(tiles / scales[:, None, :], -largest, largest).astype(dtype)
+    # times the reciprocal: what XLA makes of a division by a broadcast anyway, written out
+    values = jnp.clip(tiles * (1.0 / scales)[:, None, :], -largest, largest).astype(dtype)
     return values.reshape(rows, x.shape[1]).T, scales
 
 

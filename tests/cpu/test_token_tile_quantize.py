@@ -35,7 +35,7 @@ def reference(x, sizes, rows, dtype):
     largest = np.float32(ml_dtypes.finfo(FORMATS[dtype]).max)
     amax = np.abs(tiles).max(axis=1)
     scales = np.where(amax > 0, amax * np.float32(1 / largest), np.float32(1)).astype(np.float32)
-    values = np.clip(tiles / scales[:, None, :], -largest, largest).astype(FORMATS[dtype])
+    values = np.clip(tiles * (np.float32(1) / scales)[:, None, :], -largest, largest).astype(FORMATS[dtype])
     return values.reshape(rows, c).T, scales
 
 
