@@ -65,12 +65,20 @@ LATENCY_PER_STAGE_S = 0.19e-6
 # Grouped rows this narrow (128x64) are decode rows: measured only where the
 # weight stream bounds the call, so the planner takes them there alone.
 DECODE_TILE_N_MAX = 64
-# The decode rows (kind "decode") multiply on the CUDA cores: fp32 FMAs per
-# second per SM (H100/H200 SXM: ~67 TFLOP/s of fp32 on 132 SMs).
-FMA_PER_SM = {"sm90a": 67e12 / 2 / 132}
-# A decode row's fixed cost per call, beyond the weight stream: its launch,
-# group scan and last cluster reduction (a lead, not a fit).
-DECODE_FIXED_S = 3e-6
+# The decode rows (kind "decode"), fitted by benchmarks/fit_decode.py on the
+# H200's Mixtral and OLMoE decode cases (Qwen3's held out): their FMAs on the
+# CUDA cores per second per SM (a tenth of the fp32 peak: each FMA also loads
+# a row of A from shared memory and converts a weight), the latency a CTA's
+# loads in flight take to return (its pull rate: stages x 16 bytes x 32 lanes
+# x warps per latency), and the cluster reduction's cost per item and CTA.
+FMA_PER_SM = {"sm90a": 6e10}
+DECODE_LOADED_LATENCY_S = 2.0e-6
+DECODE_REDUCTION_S = 0.3e-6
+# Decode rows take a call (unpinned) where its groups hold at most this many
+# rows on average, if the routing is uniform (expected_filled_groups); the
+# grouped GEMM's tensor cores win beyond (decode_rows.json: the decode rows
+# ran 1.1-1.7x the grouped GEMM at 1.0-1.6 rows per group and 0.2-0.6x from 4).
+DECODE_MAX_ROWS_PER_GROUP = 2.0
 
 # dense bf16/f16 tensor-core FLOP/s per SM (H100/H200 SXM: ~989 TFLOP/s on 132
 # SMs; B200: ~2250 TFLOP/s on 148 SMs)
@@ -224,37 +232,56 @@ def seconds_to_tile_units(seconds: float, k: int, device, dtype) -> float:
     return seconds * (edge[1] / device.sm_count) / (2 * k)
 
 
+def expected_filled_groups(m: int, groups: int) -> float:
+    """Groups that receive at least one of m rows when each row picks one of
+    the groups uniformly: G (1 - (1 - 1/G)^m), at least 1, at most min(G, m)."""
+    if m <= 0 or groups <= 0:
+        return 0.0
+    return min(float(min(groups, m)), max(1.0, groups * (1.0 - (1.0 - 1.0 / groups) ** m)))
+
+
+def decode_takes(m: int, groups: int) -> bool:
+    """Whether decode rows take an unpinned ragged_m call (DECODE_MAX_ROWS_PER_GROUP)."""
+    filled = expected_filled_groups(m, groups)
+    return filled > 0 and m / filled <= DECODE_MAX_ROWS_PER_GROUP
+
+
 def decode_items(v: tables.Variant, m, n, groups) -> int:
-    """Work items of a decode row with evenly filled groups: each non-empty
-    group's rows in chunks of tile_m, times the column tiles."""
-    filled = min(groups, m)
+    """Work items of a decode row: each group that receives rows (as many as
+    expected_filled_groups) has its rows in chunks of tile_m, times the
+    column tiles."""
+    filled = round(expected_filled_groups(m, groups))
     if filled == 0:
         return 0
     return filled * math.ceil(m / filled / v.tile_m) * math.ceil(n / v.tile_n)
 
 
 def decode_seconds(v: tables.Variant, m, n, k, groups, clusters, dtype, out, device) -> float:
-    """A decode row's time: the longer of the weight stream (the whole of it at
-    the device's bandwidth, or each CTA's K slice of each item at its pull
-    rate) and its FMAs on the CUDA cores (a chunk of r rows runs the smallest
-    power of two >= r), plus DECODE_FIXED_S."""
+    """A decode row's time: the longer of the weight stream and its FMAs on
+    the CUDA cores (a chunk of r rows runs the smallest power of two >= r).
+    The stream is the whole of it (the weights of the groups expected to
+    receive rows) at the device's bandwidth, or, when longer, each cluster's
+    items one after another: a CTA's K slice of an item at its pull rate,
+    plus the cluster's reduction of the item."""
     edge, items = ridge(device, dtype), decode_items(v, m, n, groups)
     if edge is None or items == 0:
         return 0.0
-    filled = min(groups, m)
+    filled = round(expected_filled_groups(m, groups))
     per_group = math.ceil(m / filled)
     chunks = math.ceil(per_group / v.tile_m)
     last = per_group - (chunks - 1) * v.tile_m
     padded_rows = (chunks - 1) * v.tile_m + 2 ** math.ceil(math.log2(last))
     columns = math.ceil(n / v.tile_n) * v.tile_n
-    slice_bytes = math.ceil(k / v.cluster_size) * v.tile_n * tables.DTYPE_BYTES[dtype]
+    in_bytes, out_bytes = tables.DTYPE_BYTES[dtype], tables.DTYPE_BYTES[out]
+    slice_bytes = math.ceil(k / v.cluster_size) * v.tile_n * in_bytes
+    pull = v.stages * v.tile_n * v.tile_k * in_bytes / DECODE_LOADED_LATENCY_S
     stream = max(
-        grouped_bytes(m, n, k, groups, dtype, out) / edge[2],
-        math.ceil(items / clusters) * slice_bytes / cta_pull_rate(v, dtype),
+        ((m * k + filled * k * n) * in_bytes + m * n * out_bytes) / edge[2],
+        math.ceil(items / clusters) * (slice_bytes / pull + DECODE_REDUCTION_S * v.cluster_size),
     )
     busy = min(device.sm_count, min(items, clusters) * v.cluster_size)
     fmas = filled * padded_rows * columns * k
-    return max(stream, fmas / (FMA_PER_SM[v.arch] * busy)) + DECODE_FIXED_S
+    return max(stream, fmas / (FMA_PER_SM[v.arch] * busy))
 
 
 def cta_pull_rate(v: tables.Variant, dtype) -> float:

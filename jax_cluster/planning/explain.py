@@ -66,7 +66,8 @@ def _efficiency(p) -> str:
     if _decode(p):
         return (
             f"modelled efficiency {p.predicted_efficiency:.0%} (the HBM floor over the modelled time: "
-            "the weight stream or the CUDA cores' FMAs, whichever is longer, plus the launch's fixed cost)"
+            "the weight stream, at the device's bandwidth or at the CTAs' pull rate with a cluster "
+            "reduction per item, or the CUDA cores' FMAs, whichever is longer)"
         )
     return (
         f"modelled efficiency {p.predicted_efficiency:.0%} (output tiles' MMA time over the resident "

@@ -84,8 +84,21 @@ def plan_ragged(
             return xla_plan(base, f"{decode[0]} takes at most {tables.DECODE_MAX_GROUPS} groups, not {groups}")
 
     memory_bound = problem == "ragged_m" and cost_model.grouped_memory_bound(m, n, k, groups, call.dtype, out, dev)
-    if not memory_bound and "variant" not in overrides and "tile" not in overrides:
+    pinned = "variant" in overrides or "tile" in overrides
+    if not memory_bound and not pinned:
         rows = [v for v in rows if v.tile_n > cost_model.DECODE_TILE_N_MAX and v.kind != "decode"]
+    decode_note = []
+    if not pinned and any(v.kind == "decode" for v in rows):
+        # the decode rows take the call, or none of them does (their measured rule)
+        takes = cost_model.decode_takes(m, groups)
+        rows = [v for v in rows if (v.kind == "decode") == takes]
+        per_group = m / cost_model.expected_filled_groups(m, groups)
+        decode_note = [
+            f"{per_group:.1f} rows per group if the routing is uniform: "
+            + ("at most" if takes else "more than")
+            + f" {cost_model.DECODE_MAX_ROWS_PER_GROUP:g}, so the "
+            + ("CUDA-core decode rows run it" if takes else "grouped GEMM's tensor cores run it, not the decode rows")
+        ]
 
     def options(v: tables.Variant, clusters: int):
         if v.kind == "decode":
@@ -101,6 +114,7 @@ def plan_ragged(
     choice, notes = best_candidate(rows, dev, options)
     if choice is None:
         return xla_plan(base, NO_RESIDENT_CANDIDATE, notes)
+    notes += decode_note
     notes.append("waves and efficiency are modelled for evenly filled groups; the sizes are only known on the device")
     v, c = choice.variant, choice.candidate
     bound = ", memory-bound (the non-empty groups' weights)" if memory_bound else ""

@@ -319,7 +319,7 @@ def _decode_rows_compiled() -> bool:
 
 
 @pytest.mark.skipif(not _decode_rows_compiled(), reason="the extension has no compiled narrow sm90a grouped row")
-@pytest.mark.parametrize("b_major", ["n", "k"])
+@pytest.mark.parametrize("b_major", ["k"])  # B [G,K,N] calls of this size take the CUDA-core decode rows
 def test_decode_takes_the_narrow_tile_only_where_few_groups_leave_sms_idle(b_major):
     plan = lambda m, n, k, g, **kw: jax_cluster.plan_ragged(  # noqa: E731
         m, n, k, g, problem="ragged_m", dtype=jnp.bfloat16, b_major=b_major, device=H200, **kw
