@@ -159,6 +159,42 @@ def test_the_fit_reads_only_the_fitting_families(tmp_path, monkeypatch):
     assert "abc1234" in entry["evidence"] and math.isclose(len(entry["rules"]), 2)
 
 
+def test_the_score_rewrites_default_paths_from_both_measured_paths(tmp_path, monkeypatch):
+    fit = _fit_module()
+    table = tmp_path / "routing.json"
+    table.write_text(json.dumps({"devices": []}))
+    monkeypatch.setattr(fit, "TABLE", table)
+    full = dict(m=4096, n=4096, memory_bound=True, xla_ms=2.0, reason="as run", path="kernel")
+    rows = [
+        # the kernel wins K = 1 in the fitting family; a held-out K = 1 row follows the rule
+        dict(full, k=1, layout="mn", kernel_ms=1.0, routed_xla_ms=1.5, jc_ms=1.0, held_out=False),
+        dict(full, k=1, layout="mn", kernel_ms=1.2, routed_xla_ms=1.1, jc_ms=1.2, held_out=True),
+        # the kernel loses at K = 4096: the score sends the row to XLA's path
+        dict(full, k=4096, layout="mn", kernel_ms=2.2, routed_xla_ms=2.0, jc_ms=2.2, held_out=False),
+    ]
+    suite = tmp_path / "dense_suite.json"
+    suite.write_text(json.dumps({"commit": "abc1234", "device": "NVIDIA H200", "rows": rows}))
+    monkeypatch.setattr("sys.argv", ["fit_routing.py", str(suite), "--device", "H200", "--score"])
+    fit.main()
+    scored = json.loads(suite.read_text())
+    paths = [(r["path"], r["jc_ms"]) for r in scored["rows"]]
+    assert paths == [("kernel", 1.0), ("kernel", 1.2), ("xla", 2.0)]
+    assert "fitted after the run" in scored["scored_with"]
+    assert scored["summary"]["kernel_rows"] == 2 and scored["summary"]["rows"] == 3
+
+
+def test_the_suite_times_every_contender_in_alternating_order(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_dense_suite", FIT.with_name("bench_dense_suite.py"))
+    suite = importlib.util.module_from_spec(spec)
+    monkeypatch.syspath_prepend(str(FIT.parent))
+    spec.loader.exec_module(suite)
+    order = []
+    monkeypatch.setattr(suite.timing, "cupti_ms", lambda fn, args, iterations: order.append(fn()) or len(order))
+    ms = suite.interleaved_ms({"a": lambda: "a", "b": lambda: "b", "c": lambda: "c"}, None, 1, 3)
+    assert order == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+    assert ms == {"a": 6, "b": 5, "c": 4}  # medians of (1, 6, 7), (2, 5, 8), (3, 4, 9)
+
+
 def test_info_says_how_kernel_calls_run(monkeypatch):
     monkeypatch.setenv(routing.ROUTE_ENV, "measured")
     info = jax_cluster.info()
