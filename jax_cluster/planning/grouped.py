@@ -12,7 +12,10 @@ take longer to stream than its MMAs is memory-bound: its time is the stream,
 at the rate the CTAs a variant keeps busy can pull (cost_model.cta_pull_rate):
 a narrow decode tile (cost_model.DECODE_TILE_N_MAX, memory-bound calls only
 unless pinned) puts more CTAs on few groups' weights, each with fewer bytes
-in flight.
+in flight. Where the groups hold at most cost_model.DECODE_MAX_ROWS_PER_GROUP
+rows on average under uniform routing, the CUDA-core decode rows take the
+call instead (the cluster size from cost_model.decode_seconds), and no row
+of theirs takes any other call unless pinned.
 """
 
 from __future__ import annotations
