@@ -156,7 +156,7 @@ def measure(row, dtype, iterations, both_paths, pinned=(), rounds=2):
     def xla(a, b):
         return jax.lax.dot_general(a, b, dims, preferred_element_type=dtype)
 
-    def pinned_plan(p):
+    def on_plan(p):  # a call on the given plan
         return lambda a, b: gemm(a, b, a_major=a_major, b_major=b_major, plan=p)
 
     want = jax.jit(xla)(*args[0]).astype(jnp.float32)
@@ -166,11 +166,11 @@ def measure(row, dtype, iterations, both_paths, pinned=(), rounds=2):
     if kernel_plan.uses_kernel:
         fns["kernel"] = kernel
     if both_paths:
-        fns["routed_xla"] = pinned_plan(
+        fns["routed_xla"] = on_plan(
             jax_cluster.plan(m, n, k, dtype=dtype, a_major=a_major, b_major=b_major, path="xla")
         )
     for name in pinned:
-        fns[name] = pinned_plan(jax_cluster.plan(m, n, k, dtype=dtype, a_major=a_major, b_major=b_major, variant=name))
+        fns[name] = on_plan(jax_cluster.plan(m, n, k, dtype=dtype, a_major=a_major, b_major=b_major, variant=name))
     same = plan.uses_kernel and plan.variant == kernel_plan.variant and plan.schedule == kernel_plan.schedule
     if not same and not (not plan.uses_kernel and both_paths):
         fns["ours"] = ours  # a call that is neither of the paths timed above
