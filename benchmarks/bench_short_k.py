@@ -9,7 +9,8 @@ a few tokens of real layers (mn: dW = x^T dy) and an outer product of two
 vectors (kn, K = 1).
 
 Device time from CUPTI, inputs rotated past L2, every contender timed in each
-of several interleaved rounds (median), all in one process.
+of several interleaved rounds, in reversed order every other round (median),
+all in one process.
 
     python benchmarks/bench_short_k.py --out benchmarks/results/h200/investigations
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import statistics
 import sys
 
 import jax
@@ -26,13 +26,13 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import common  # noqa: E402
+from bench_dense_suite import MAJORS, dimension_numbers, interleaved_ms, operands  # noqa: E402
 
 import jax_cluster  # noqa: E402
 from jax_cluster.planning import cost_model  # noqa: E402
 from jax_cluster.planning.device import describe  # noqa: E402
 from jax_cluster.primitives.gemm import gemm  # noqa: E402
 from jax_cluster.primitives.lowering import xla_gemm_padded_k  # noqa: E402
-from jax_cluster.tuning import timing  # noqa: E402
 from jax_cluster.tuning.accuracy import relative_error  # noqa: E402
 
 # (label, M, N, layout) and the contraction lengths timed for each
@@ -46,24 +46,12 @@ SHAPES = [
     ("outer product", 8192, 8192, "kn"),
 ]
 KS = (1, 2, 16)
-MAJORS = {"kn": ("k", "n"), "kk": ("k", "k"), "mn": ("m", "n")}
-
-
-def operands(key, m, n, k, layout, dtype):
-    a_major, b_major = MAJORS[layout]
-    a_shape = (m, k) if a_major == "k" else (k, m)
-    b_shape = (n, k) if b_major == "k" else (k, n)
-    sets = timing.rotation((m * k + k * n + m * n) * jnp.dtype(dtype).itemsize)
-    keys = jax.random.split(key, 2 * sets)
-    return [
-        (common.randn(keys[2 * i], a_shape, dtype), common.randn(keys[2 * i + 1], b_shape, dtype)) for i in range(sets)
-    ]
 
 
 def measure(label, m, n, k, layout, dtype, iterations, rounds):
     a_major, b_major = MAJORS[layout]
     args = operands(jax.random.key(m + 7 * n + 31 * k), m, n, k, layout, dtype)
-    dims = (((1 if a_major == "k" else 0,), (1 if b_major == "k" else 0,)), ((), ()))
+    dims = dimension_numbers(layout)
     plan = jax_cluster.plan(m, n, k, dtype=dtype, a_major=a_major, b_major=b_major, route="kernel")
     sides = {
         "xla": lambda a, b: jax.lax.dot_general(a, b, dims, preferred_element_type=dtype),
@@ -78,11 +66,7 @@ def measure(label, m, n, k, layout, dtype, iterations, rounds):
     a32, b32 = (x.astype(jnp.float32) for x in args[0])
     want = jax.lax.dot_general(a32, b32, dims, precision=jax.lax.Precision.HIGHEST)
     errors = {side: float(relative_error(jax.jit(fn)(*args[0]), want)) for side, fn in sides.items()}
-    times = {side: [] for side in sides}
-    for _ in range(rounds):
-        for side, fn in sides.items():
-            times[side].append(timing.cupti_ms(fn, args, iterations))
-    ms = {side: statistics.median(t) for side, t in times.items()}
+    ms = interleaved_ms(sides, args, iterations, rounds)
     dev = describe()
     edge = cost_model.ridge(dev, "bf16")
     moved = cost_model.bytes_moved(m, n, k, 1, 2, 2)
@@ -101,7 +85,6 @@ def measure(label, m, n, k, layout, dtype, iterations, rounds):
         "kernel_reason": None if plan.uses_kernel else plan.reason,
         "hbm_floor_ms": moved / edge[2] * 1e3 if edge else None,
         "rel_err": errors,
-        "rounds_ms": times,
     }
 
 

@@ -76,7 +76,7 @@ def main():
     for (config, m, _, _, groups), rs in cases.items():
         measured, picked = min(rs, key=lambda r: r[1]), min(rs, key=lambda r: r[2])
         held = " (held out)" if any(config.startswith(h) for h in args.held_out) else ""
-        per_group = m / cost_model.expected_filled_groups(m, groups)
+        per_group = cost_model.expected_rows_per_group(m, groups)
         print(
             f"{config:<22} {m:>5} rows / {groups:<4} groups ({per_group:4.1f} per group): best c{measured[0]} "
             f"{measured[1] * 1e6:8.1f} us, model picks c{picked[0]} ({picked[1] * 1e6:8.1f} us measured, "

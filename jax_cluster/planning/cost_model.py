@@ -240,10 +240,15 @@ def expected_filled_groups(m: int, groups: int) -> float:
     return min(float(min(groups, m)), max(1.0, groups * (1.0 - (1.0 - 1.0 / groups) ** m)))
 
 
+def expected_rows_per_group(m: int, groups: int) -> float:
+    """Rows per group that receives any, under uniform routing (0 without rows)."""
+    filled = expected_filled_groups(m, groups)
+    return m / filled if filled else 0.0
+
+
 def decode_takes(m: int, groups: int) -> bool:
     """Whether decode rows take an unpinned ragged_m call (DECODE_MAX_ROWS_PER_GROUP)."""
-    filled = expected_filled_groups(m, groups)
-    return filled > 0 and m / filled <= DECODE_MAX_ROWS_PER_GROUP
+    return 0 < expected_rows_per_group(m, groups) <= DECODE_MAX_ROWS_PER_GROUP
 
 
 def decode_items(v: tables.Variant, m, n, groups) -> int:

@@ -95,9 +95,8 @@ def plan_ragged(
         # the decode rows take the call, or none of them does (their measured rule)
         takes = cost_model.decode_takes(m, groups)
         rows = [v for v in rows if (v.kind == "decode") == takes]
-        per_group = m / cost_model.expected_filled_groups(m, groups)
         decode_note = [
-            f"{per_group:.1f} rows per group if the routing is uniform: "
+            f"{cost_model.expected_rows_per_group(m, groups):.1f} rows per group if the routing is uniform: "
             + ("at most" if takes else "more than")
             + f" {cost_model.DECODE_MAX_ROWS_PER_GROUP:g}, so the "
             + ("CUDA-core decode rows run it" if takes else "grouped GEMM's tensor cores run it, not the decode rows")
