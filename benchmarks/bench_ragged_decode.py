@@ -106,7 +106,7 @@ def pinned_ragged_dot(m: int, n: int, k: int, experts: int, pin: dict):
     return functools.partial(jax_cluster.ragged_dot, plan=plan), None
 
 
-def measure(name, k, n, experts, top_k, rows, ceilings, iterations, timer) -> dict:
+def measure(name, k, n, experts, top_k, rows, ceilings, iterations, timer, only=".") -> dict:
     sizes = case_sizes(rows, experts, top_k)
     m = int(sizes.sum())
     peak, bandwidth = ceilings
@@ -145,6 +145,7 @@ def measure(name, k, n, experts, top_k, rows, ceilings, iterations, timer) -> di
     for short, pin in PINNED.items():
         contenders[short], errors[short] = pinned_ragged_dot(m, n, k, experts, pin)
     contenders.update(tokamax=tokamax, xla=jax.lax.ragged_dot)
+    contenders = {short: fn for short, fn in contenders.items() if re.search(only, short)}
     for short, ragged_dot in contenders.items():
         row[f"{short}_ms"] = None
         if ragged_dot is None:
@@ -162,7 +163,7 @@ def measure(name, k, n, experts, top_k, rows, ceilings, iterations, timer) -> di
             row[f"{short}_ms"] = result["ms"]
         else:
             row[f"{short}_error"] = result["status"]
-    if row["jc_ms"]:
+    if row.get("jc_ms"):
         row["jc_share_of_roofline"] = roofline_ms / row["jc_ms"]
         row["jc_vs_tokamax"] = row["tokamax_ms"] / row["jc_ms"] if row.get("tokamax_ms") else None
     return row
@@ -209,11 +210,16 @@ def main(argv=None):
     parser.add_argument("--resume", type=pathlib.Path, help="an earlier ragged_decode.json whose other cases to keep")
     parser.add_argument("--layers", default="", help="regex: only the layers whose name matches")
     parser.add_argument("--smoke", action="store_true", help="tiny layers, for any device")
+    parser.add_argument(
+        "--contenders", default=".", help="regex on contender names (jc, jc_wide, ..., tokamax, xla): only those run"
+    )
     parser.add_argument("--list", action="store_true", help="print the cases and exit (no GPU)")
     args = parser.parse_args(argv)
     layers = SMOKE if args.smoke else LAYERS
     layers = [layer for layer in layers if re.search(args.layers, layer[0])]
     todo = [(layer, rows) for layer in layers for rows in map(int, args.rows.split(","))]
+    # a layer's cases with the same rows (R below top_k becomes one token) run once
+    todo = list({(layer[0], int(case_sizes(r, *layer[3:]).sum())): (layer, r) for layer, r in todo}.values())
     if args.list:
         for (name, k, n, experts, top_k), rows in todo:
             sizes = case_sizes(rows, experts, top_k)
@@ -234,7 +240,7 @@ def main(argv=None):
     rows = [row for key, row in earlier_rows(args.resume).items() if key not in measured]
     order = {name: i for i, (name, *_) in enumerate(LAYERS + SMOKE)}
     for (name, k, n, experts, top_k), r in todo:
-        row = measure(name, k, n, experts, top_k, r, ceilings, args.iterations, timer)
+        row = measure(name, k, n, experts, top_k, r, ceilings, args.iterations, timer, args.contenders)
         rows.append(row)
         rows.sort(key=lambda row: (order.get(row["config"], len(order)), row["rows"]))
         cells = " ".join(

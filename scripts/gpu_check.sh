@@ -23,6 +23,8 @@ pack() {
 ( while sleep 30; do pack; done ) &
 PACKER=$!
 trap 'kill $PACKER 2>/dev/null; wait $PACKER 2>/dev/null; pack' EXIT
+# a time limit's SIGTERM must run the EXIT trap too, or the last step's results are lost
+trap 'exit 143' TERM INT
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
 step() { echo "== $(date +%T) $*"; }

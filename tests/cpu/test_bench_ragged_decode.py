@@ -53,3 +53,16 @@ def test_resume_keeps_the_other_cases_and_layers_filters(bench, tmp_path):
     gate = next(r for r in payload["rows"] if r["config"] == "smoke gate")
     assert gate == next(r for r in earlier["rows"] if r["config"] == "smoke gate")  # kept as it was
     assert all(r["commit"] for r in payload["rows"]) and "jc_tile_n" in payload["rows"][1]
+
+
+def test_contenders_limits_the_timed_sides(bench, tmp_path):
+    bench.main(["--smoke", "--rows", "8", "--iterations", "1", "--contenders", "^(jc|xla)$", "--out", str(tmp_path)])
+    for row in json.loads((tmp_path / "ragged_decode.json").read_text())["rows"]:
+        assert row["jc_ms"] > 0 and row["xla_ms"] > 0
+        assert "tokamax_ms" not in row and "jc_narrow_ms" not in row
+
+
+def test_rows_that_name_the_same_case_run_once(bench, capsys):
+    # below top_k rows a case is one token: 1, 2 and 4 rows of a top-4 layer are the same case
+    bench.main(["--smoke", "--layers", "down", "--rows", "1,2,4,8", "--list"])
+    assert capsys.readouterr().out.strip().endswith("2 cases")
