@@ -22,7 +22,8 @@ past L2 (bench_ragged's helpers). Writes ragged_decode.json with rows[] of
 jc_ms, jc_tile_n, jc_variant, jc_wide_ms, jc_narrow_ms, jc_decode{2,4,8}_ms, tokamax_ms, xla_ms,
 jc_share_of_roofline, jc_vs_tokamax} (a contender that cannot run records
 {name}_error) and a PNG. --resume FILE keeps an earlier run's rows of the
-cases this run does not measure.
+cases this run does not measure; --contenders REGEX times only the sides it
+matches (the others' fields are absent from the new rows).
 
     python benchmarks/bench_ragged_decode.py --list
     python benchmarks/bench_ragged_decode.py --out benchmarks/results/h200
