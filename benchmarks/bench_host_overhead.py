@@ -7,7 +7,8 @@ beside it. Two jax_cluster sides: the kernel's call (pinned past the routing)
 and `jax_cluster.matmul` as a user writes it, on whichever path the routing
 picks for the shape. XLA_FLAGS apply as given: run it again with
 XLA_FLAGS=--xla_gpu_enable_command_buffer= to see XLA's command buffers' share,
-and with JAX_CLUSTER_COMMAND_BUFFERS=0 to keep the kernel calls out of them.
+with JAX_CLUSTER_COMMAND_BUFFERS=0 to keep the kernel calls out of them, and
+with JAX_CLUSTER_RECORD=1 to record them as kernel nodes of XLA's graphs.
 
     python benchmarks/bench_host_overhead.py --out benchmarks/results/h200
 """
@@ -113,6 +114,8 @@ def main():
         "xla_flags": flags,
         # False: JAX_CLUSTER_COMMAND_BUFFERS=0, each kernel call its own thunk
         "jax_cluster_command_buffers": jax_cluster.info().command_buffers,
+        # True: JAX_CLUSTER_RECORD=1, kernel calls recorded as command-buffer kernel nodes
+        "jax_cluster_record_stage": jax_cluster.info().record_stage,
         "notes": [
             "wall_us: median over interleaved rounds of 50 back-to-back calls of a "
             "jit holding a chain of GEMMs, synced once, per GEMM",
@@ -138,6 +141,8 @@ def main():
         stem = common.results_stem("host_overhead_bf16", flags)
         if not payload["jax_cluster_command_buffers"]:
             stem += "_thunks"
+        elif payload["jax_cluster_record_stage"]:
+            stem += "_recorded"
         common.write_results(args.out, stem, payload, plot)
 
 

@@ -5,7 +5,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
 
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "common/cluster_tile_order.h"
 #include "common/contract.h"
@@ -18,8 +20,10 @@
 #include "dispatch/gemm_dispatch.h"
 #include "ffi/gemm_epilogue_ffi.h"
 #include "ffi/gemm_ffi.h"
+#include "ffi/kernel_image.h"
 #include "ffi/plan_state.h"
 #include "ffi/ragged_ffi.h"
+#include "ffi/record_stage.h"
 #include "ffi/scaled_gemm_ffi.h"
 #include "ffi/token_tile_ffi.h"
 #endif
@@ -61,14 +65,57 @@ nb::dict stages(const HandlerBundle& h, bool command_buffers) {
   return out;
 }
 
+struct Target {
+  const char* name;
+  HandlerBundle handlers;
+};
+
+std::vector<Target> targets() {
+  return {{kGemmTarget, gemm_ffi_handlers()},
+          {kGemmEpilogueTarget, gemm_epilogue_ffi_handlers()},
+          {kRaggedDotTarget, ragged_ffi_handlers()},
+          {kScaledGemmTarget, scaled_gemm_ffi_handlers()},
+          {kScaledRaggedDotTarget, scaled_ragged_ffi_handlers()},
+          {kQuantizeTokenTilesTarget, token_tile_ffi_handlers()}};
+}
+
 nb::dict registrations(bool command_buffers) {
   nb::dict out;
-  out[kGemmTarget] = stages(gemm_ffi_handlers(), command_buffers);
-  out[kGemmEpilogueTarget] = stages(gemm_epilogue_ffi_handlers(), command_buffers);
-  out[kRaggedDotTarget] = stages(ragged_ffi_handlers(), command_buffers);
-  out[kScaledGemmTarget] = stages(scaled_gemm_ffi_handlers(), command_buffers);
-  out[kScaledRaggedDotTarget] = stages(scaled_ragged_ffi_handlers(), command_buffers);
-  out[kQuantizeTokenTilesTarget] = stages(token_tile_ffi_handlers(), command_buffers);
+  for (const Target& t : targets()) out[t.name] = stages(t.handlers, command_buffers);
+  return out;
+}
+
+// Registers the targets that have a record stage through the XLA FFI API the
+// probe captured (jax.ffi.register_ffi_target cannot pass that stage); the
+// names registered, which the caller must not register again.
+nb::list register_with_record(const std::string& platform) {
+  nb::list out;
+  for (const Target& t : targets()) {
+    if (t.handlers.record == nullptr) continue;
+    XLA_FFI_Handler_Bundle bundle{t.handlers.instantiate, nullptr, nullptr, t.handlers.execute,
+                                  t.handlers.record};
+    std::string err = register_bundle(t.name, platform.c_str(), bundle,
+                                      XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE);
+    if (!err.empty()) throw std::runtime_error(std::string(t.name) + ": " + err);
+    out.append(t.name);
+  }
+  return out;
+}
+
+// The uncompressed cubins this extension embeds: SM and kernel names.
+nb::list embedded_kernel_images() {
+  std::string why;
+  std::vector<CubinSummary> cubins = embedded_cubins(&why);
+  if (!why.empty()) throw std::runtime_error(why);
+  nb::list out;
+  for (const CubinSummary& c : cubins) {
+    nb::list kernels;
+    for (const std::string& k : c.kernels) kernels.append(k);
+    nb::dict row;
+    row["sm"] = c.sm;
+    row["kernels"] = kernels;
+    out.append(row);
+  }
   return out;
 }
 
@@ -160,6 +207,17 @@ NB_MODULE(_ext, m) {
         "FFI stage handlers by target name; command_buffers=False gives execute handlers "
         "XLA never traces into its command buffers.");
   m.def("state_type", &state_type, "The type id and info of the handlers' per-call-site state.");
+  m.def(
+      "ffi_api_probe", [] { return capsule(reinterpret_cast<const void*>(ffi_api_probe())); },
+      "A no-op FFI handler that keeps the XLA FFI API XLA calls it with.");
+  m.def(
+      "ffi_api_captured", [] { return captured_ffi_api() != nullptr; },
+      "Whether XLA has called the probe handler (at its registration).");
+  m.def("register_with_record", &register_with_record, nb::arg("platform"),
+        "Registers the targets that have a record stage through the probed XLA FFI API; "
+        "returns their names.");
+  m.def("embedded_kernel_images", &embedded_kernel_images,
+        "The cubins this extension embeds, each with its SM and kernel names.");
   m.def("variants", &variants, "The compiled variants (rows of the menu).");
   m.def("workspace_size", &workspace_size, nb::arg("plan"), nb::arg("m"), nb::arg("n"),
         nb::arg("k"), nb::arg("batch"), "Scratch bytes one call with this plan needs.");

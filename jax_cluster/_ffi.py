@@ -61,15 +61,48 @@ def command_buffers_enabled() -> bool:
     return os.environ.get("JAX_CLUSTER_COMMAND_BUFFERS", "1") != "0"
 
 
+def record_stage_requested() -> bool:
+    """Whether kernel calls inside XLA's command buffers are recorded as kernel
+    nodes whose parameters XLA updates when the buffers move
+    (JAX_CLUSTER_RECORD=1), rather than captured from the execute handler into
+    a new graph each time. Off by default until measured on a GPU."""
+    return os.environ.get("JAX_CLUSTER_RECORD", "0") == "1"
+
+
+# A no-op target: registering it makes XLA call it, which shows the extension
+# the XLA FFI API it needs to register handlers with a record stage.
+_PROBE_TARGET = "jax_cluster_ffi_api_probe"
+
+
 @functools.cache
 def register_targets() -> bool:
     """Registers the CUDA handlers once; False when there are none to register."""
     if not with_kernels():
         return False
     jax.ffi.register_ffi_type(_STATE_TYPE, _ext.state_type(), platform="CUDA")
+    recorded = recorded_targets()
     for name, stages in _ext.registrations(command_buffers_enabled()).items():
-        jax.ffi.register_ffi_target(name, stages, platform="CUDA", api_version=1)
+        if name not in recorded:
+            jax.ffi.register_ffi_target(name, stages, platform="CUDA", api_version=1)
     return True
+
+
+@functools.cache
+def recorded_targets() -> frozenset[str]:
+    """The targets registered with a record stage (none unless requested and
+    XLA showed its FFI API to the probe)."""
+    if not (with_kernels() and command_buffers_enabled() and record_stage_requested()):
+        return frozenset()
+    jax.ffi.register_ffi_target(_PROBE_TARGET, _ext.ffi_api_probe(), platform="CUDA", api_version=1)
+    if not _ext.ffi_api_captured():
+        warnings.warn(
+            "jax_cluster: JAX_CLUSTER_RECORD=1, but XLA did not call the probe handler, so the "
+            "kernel calls are captured into XLA's command buffers as before",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return frozenset()
+    return frozenset(_ext.register_with_record("CUDA"))
 
 
 def warn_if_no_kernels() -> None:

@@ -28,6 +28,7 @@ class Info:
     sample_path: str
     sample_reason: str
     command_buffers: bool  # whether XLA may trace kernel calls into its CUDA graphs
+    record_stage: bool  # whether those that can be are recorded as kernel nodes instead
     route: str  # the dense calls' default route ("measured" or "kernel")
 
     def __str__(self) -> str:
@@ -42,6 +43,8 @@ class Info:
         lines.append(f"device: {self.device} -> {self.device_arch or 'XLA fallback'}")
         if self.with_kernels:
             graphs = "traced into XLA's command buffers" if self.command_buffers else "their own thunks"
+            if self.command_buffers and self.record_stage:
+                graphs += " (recorded as kernel nodes where they can be)"
             lines.append(f"kernel calls: {graphs}; dense calls routed: {self.route}")
         lines.append(f"{self.sample_call} takes the {self.sample_path} path: {self.sample_reason}")
         return "\n".join(lines)
@@ -66,5 +69,6 @@ def info(device=None) -> Info:
         sample_path=p.path,
         sample_reason=p.reason,
         command_buffers=_ffi.command_buffers_enabled(),
+        record_stage=_ffi.record_stage_requested(),
         route=routing.default_route(),
     )

@@ -14,6 +14,7 @@
 #include "ffi/launch.h"
 #include "ffi/plan_attr.h"
 #include "ffi/plan_state.h"
+#include "ffi/record_stage.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -50,6 +51,15 @@ auto execute_binding() {
       .Ret<ffi::AnyBuffer>();
 }
 
+ffi::Error gemm_record(RecordContext ctx, PlanState* state, cudaStream_t stream, ffi::AnyBuffer a,
+                       ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> d,
+                       ffi::Result<ffi::AnyBuffer> workspace) {
+  GemmProblem problem;
+  if (state->error().empty() && dense_problem(state->variant(), a, b, *d, &problem).empty())
+    return record_launch(kGemmTarget, ctx, *state, problem, *workspace, stream);
+  return ctx.RequestStreamCapture();  // the traced execute handler reports the error
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmInstantiate, gemm_instantiate,
@@ -57,9 +67,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmInstantiate, gemm_instantiate,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmExecute, gemm_execute, execute_binding(),
                               {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmExecuteOutsideGraphs, gemm_execute, execute_binding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmRecord, gemm_record,
+                              bind_record()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
 
 HandlerBundle gemm_ffi_handlers() {
-  return {GemmInstantiate, GemmExecute, GemmExecuteOutsideGraphs};
+  return {GemmInstantiate, GemmExecute, GemmExecuteOutsideGraphs, GemmRecord};
 }
 
 }  // namespace jax_cluster

@@ -23,6 +23,7 @@
 
 #include "common/gemm_problem.h"
 #include "kernels/epilogue_activation.cuh"
+#include "kernels/launch_recording.h"
 
 namespace jax_cluster {
 
@@ -195,13 +196,23 @@ int occupancy_max_active_clusters(int device_id) {
   return clusters;
 }
 
-// sm90: the adapter's launch without its per-launch attribute call. sm100
-// keeps the adapter's own launch (its cluster fallback), which nothing here can run.
+// sm90: the adapter's launch without its per-launch attribute call, or its
+// description while a LaunchRecording is active. sm100 keeps the adapter's
+// own launch (its cluster fallback), which nothing here can run or record.
 template <class Gemm>
 cudaError_t launch_kernel(typename Gemm::GemmKernel::Params& params, cudaStream_t stream) {
   using Kernel = typename Gemm::GemmKernel;
+  LaunchRecording* recording = active_launch_recording();
   if constexpr (Kernel::ArchTag::kMinComputeCapability == 90) {
     using Cluster = typename Kernel::DispatchPolicy::ClusterShape;
+    const void* fn = reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>);
+    const dim3 cluster(cute::size<0>(Cluster{}), cute::size<1>(Cluster{}),
+                       cute::size<2>(Cluster{}));
+    if (recording != nullptr) {
+      recording->take(fn, Gemm::get_grid_shape(params), Kernel::get_block_shape(), cluster,
+                      Kernel::SharedStorageSize, params);
+      return cudaSuccess;
+    }
     cudaLaunchConfig_t config = {};
     config.gridDim = Gemm::get_grid_shape(params);
     config.blockDim = Kernel::get_block_shape();
@@ -209,15 +220,18 @@ cudaError_t launch_kernel(typename Gemm::GemmKernel::Params& params, cudaStream_
     config.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cute::size<0>(Cluster{});
-    attr[0].val.clusterDim.y = cute::size<1>(Cluster{});
-    attr[0].val.clusterDim.z = cute::size<2>(Cluster{});
+    attr[0].val.clusterDim.x = cluster.x;
+    attr[0].val.clusterDim.y = cluster.y;
+    attr[0].val.clusterDim.z = cluster.z;
     config.attrs = attr;
     config.numAttrs = cute::size(Cluster{}) > 1 ? 1 : 0;
     void* args[] = {&params};
-    return cudaLaunchKernelExC(
-        &config, reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>), args);
+    return cudaLaunchKernelExC(&config, fn, args);
   } else {
+    if (recording != nullptr) {
+      recording->refused = true;
+      return cudaSuccess;
+    }
     return Gemm::run(params, stream) == cutlass::Status::kSuccess ? cudaGetLastError()
                                                                   : cudaErrorLaunchFailure;
   }
