@@ -161,7 +161,7 @@ Plan plan_from_dict(const nb::dict& d) {
   return p;
 }
 
-size_t workspace_size(const nb::dict& plan_dict, int m, int n, int k, int batch) {
+size_t plan_workspace_size(const nb::dict& plan_dict, int m, int n, int k, int batch) {
   Plan plan = plan_from_dict(plan_dict);
   Dispatch dispatch;
   std::string err = resolve_plan(plan, &dispatch);
@@ -170,7 +170,7 @@ size_t workspace_size(const nb::dict& plan_dict, int m, int n, int k, int batch)
   return dispatch.variant->ops().workspace_size(problem, dispatch.choices, dispatch.slots);
 }
 
-int max_active_clusters(const std::string& name, int device_id) {
+int variant_max_active_clusters(const std::string& name, int device_id) {
   const VariantEntry* v = find_variant(name);
   if (v == nullptr) throw nb::value_error(("no compiled variant " + name).c_str());
   return cached_max_active_clusters(*v, device_id);
@@ -219,9 +219,10 @@ NB_MODULE(_ext, m) {
   m.def("embedded_kernel_images", &embedded_kernel_images,
         "The cubins this extension embeds, each with its SM and kernel names.");
   m.def("variants", &variants, "The compiled variants (rows of the menu).");
-  m.def("workspace_size", &workspace_size, nb::arg("plan"), nb::arg("m"), nb::arg("n"),
+  m.def("workspace_size", &plan_workspace_size, nb::arg("plan"), nb::arg("m"), nb::arg("n"),
         nb::arg("k"), nb::arg("batch"), "Scratch bytes one call with this plan needs.");
-  m.def("max_active_clusters", &max_active_clusters, nb::arg("variant"), nb::arg("device_id"),
+  m.def("max_active_clusters", &variant_max_active_clusters, nb::arg("variant"),
+        nb::arg("device_id"),
         "cudaOccupancyMaxActiveClusters for a compiled variant on a device (0: none fit).");
   m.def("query_device", &query_device, nb::arg("device_id"),
         "SM count, compute capability, shared memory and L2 of a device, or None.");

@@ -40,7 +40,12 @@ bool sections(const std::string& bytes, size_t begin, size_t size, std::vector<S
               uint16_t* names_index) {
   uint64_t table = 0;
   uint16_t entry = 0, count = 0;
-  if (size < 64 || std::memcmp(bytes.data() + begin, "\x7f" "ELF", 4) != 0 || bytes[begin + 4] != 2)
+  if (size < 64 ||
+      std::memcmp(bytes.data() + begin,
+                  "\x7f"
+                  "ELF",
+                  4) != 0 ||
+      bytes[begin + 4] != 2)
     return false;  // not a 64-bit ELF
   if (!read_at(bytes, begin + 0x28, &table) || !read_at(bytes, begin + 0x3A, &entry) ||
       !read_at(bytes, begin + 0x3C, &count) || !read_at(bytes, begin + 0x3E, names_index))
@@ -89,8 +94,8 @@ std::vector<std::string> functions_of(const std::string& bytes, size_t begin, si
       read_at(bytes, begin + at, &name);
       read_at(bytes, begin + at + 4, &info);
       if ((info & 0xf) != kFunction || name >= strings.size) continue;
-      out.push_back(c_string(bytes, begin + strings.offset + name,
-                             begin + strings.offset + strings.size));
+      out.push_back(
+          c_string(bytes, begin + strings.offset + name, begin + strings.offset + strings.size));
     }
   }
   return out;
@@ -146,8 +151,12 @@ std::unique_ptr<EmbeddedCubins> load() {
       if (begin + payload > stop) break;
       // a compressed cubin does not start with the ELF magic: skipped
       if (kind == kFatbinElfEntry && payload >= 4 &&
-          std::memcmp(bytes.data() + begin, "\x7f" "ELF", 4) == 0)
-        out->cubins.push_back({int(sm), begin, size_t(payload), functions_of(bytes, begin, payload)});
+          std::memcmp(bytes.data() + begin,
+                      "\x7f"
+                      "ELF",
+                      4) == 0)
+        out->cubins.push_back(
+            {int(sm), begin, size_t(payload), functions_of(bytes, begin, payload)});
       entry = begin + payload;
     }
     at = (at + header + body + 7) / 8 * 8;

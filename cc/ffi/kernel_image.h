@@ -11,7 +11,7 @@
 namespace jax_cluster {
 
 struct KernelImage {
-  std::string name;          // the kernel's mangled name inside the cubin
+  std::string name;  // the kernel's mangled name inside the cubin
   const void* cubin = nullptr;
   size_t cubin_bytes = 0;
 };

@@ -94,11 +94,10 @@ ffi::Error record_launch(const char* target, RecordContext& ctx, PlanState& stat
       return ffi::Error::Internal(std::string(target) + " (" + v.name + "): " + err);
   }
   std::string why;
-  const KernelImage* image = launch.taken && !launch.refused ? find_kernel_image(launch.kernel, &why)
-                                                            : nullptr;
+  const KernelImage* image =
+      launch.taken && !launch.refused ? find_kernel_image(launch.kernel, &why) : nullptr;
   if (image == nullptr) return capture();
-  const std::array<ffi::KernelArg, 1> args = {
-      ffi::HostValue{launch.params, launch.param_bytes}};
+  const std::array<ffi::KernelArg, 1> args = {ffi::HostValue{launch.params, launch.param_bytes}};
   if (ctx.action() == ffi::RecordAction::kCreate) {
     const bool clustered = launch.cluster.x * launch.cluster.y * launch.cluster.z > 1;
     XLA_FFI_LaunchDims dims = {

@@ -24,8 +24,7 @@
 
 namespace jax_cluster {
 
-using RecordContext =
-    xla::ffi::internal::RecordContextBase<xla::ffi::internal::ErrorPolicy>;
+using RecordContext = xla::ffi::internal::RecordContextBase<xla::ffi::internal::ErrorPolicy>;
 
 struct RecordExtension : xla::ffi::internal::RecordExtensionBase<RecordContext> {
   // Later minor versions add source formats; the frame used here is unchanged.
