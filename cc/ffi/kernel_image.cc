@@ -30,6 +30,13 @@ bool read_at(const std::string& bytes, size_t offset, T* out) {
   return true;
 }
 
+bool is_elf(const std::string& bytes, size_t at, size_t size) {
+  return size >= 4 && std::memcmp(bytes.data() + at,
+                                  "\x7f"
+                                  "ELF",
+                                  4) == 0;
+}
+
 struct Section {
   uint32_t name = 0, type = 0, link = 0;
   uint64_t offset = 0, size = 0;
@@ -40,12 +47,7 @@ bool sections(const std::string& bytes, size_t begin, size_t size, std::vector<S
               uint16_t* names_index) {
   uint64_t table = 0;
   uint16_t entry = 0, count = 0;
-  if (size < 64 ||
-      std::memcmp(bytes.data() + begin,
-                  "\x7f"
-                  "ELF",
-                  4) != 0 ||
-      bytes[begin + 4] != 2)
+  if (size < 64 || !is_elf(bytes, begin, size) || bytes[begin + 4] != 2)
     return false;  // not a 64-bit ELF
   if (!read_at(bytes, begin + 0x28, &table) || !read_at(bytes, begin + 0x3A, &entry) ||
       !read_at(bytes, begin + 0x3C, &count) || !read_at(bytes, begin + 0x3E, names_index))
@@ -150,11 +152,7 @@ std::unique_ptr<EmbeddedCubins> load() {
       const size_t begin = entry + entry_header;
       if (begin + payload > stop) break;
       // a compressed cubin does not start with the ELF magic: skipped
-      if (kind == kFatbinElfEntry && payload >= 4 &&
-          std::memcmp(bytes.data() + begin,
-                      "\x7f"
-                      "ELF",
-                      4) == 0)
+      if (kind == kFatbinElfEntry && is_elf(bytes, begin, payload))
         out->cubins.push_back(
             {int(sm), begin, size_t(payload), functions_of(bytes, begin, payload)});
       entry = begin + payload;
@@ -170,23 +168,11 @@ const EmbeddedCubins& embedded() {
   return *cubins;
 }
 
-int device_sm() {
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return major * 10 + minor;
-}
-
 }  // namespace
 
-const KernelImage* find_kernel_image(const void* kernel, std::string* why) {
+const KernelImage* find_kernel_image(const void* kernel, int sm, std::string* why) {
   static std::mutex mu;
   static std::map<std::pair<const void*, int>, std::unique_ptr<KernelImage>> cache;
-  const int sm = device_sm();
   std::lock_guard<std::mutex> lock(mu);
   auto key = std::make_pair(kernel, sm);
   if (auto it = cache.find(key); it != cache.end()) return it->second.get();

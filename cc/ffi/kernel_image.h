@@ -16,9 +16,10 @@ struct KernelImage {
   size_t cubin_bytes = 0;
 };
 
-// The image of `kernel` (a __global__ function's host-side address), or
-// nullptr with `why` set. Cached; safe from any thread.
-const KernelImage* find_kernel_image(const void* kernel, std::string* why);
+// The image of `kernel` (a __global__ function's host-side address) in the
+// cubins for SM `sm` (90, 100, ...), or nullptr with `why` set. Cached; safe
+// from any thread.
+const KernelImage* find_kernel_image(const void* kernel, int sm, std::string* why);
 
 // Every cubin of this shared object: its SM number (90, 100, ...) and the
 // kernels it defines. For tests and diagnostics.

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "common/contract.h"
 #include "dispatch/gemm_dispatch.h"
 #include "ffi/buffer_checks.h"
 #include "ffi/kernel_image.h"
@@ -33,6 +34,14 @@ class ScopedRecording {
 // refuses the recording there, and the call is captured).
 bool describable(const VariantEntry& v, size_t workspace_bytes) {
   return std::string_view(v.problem) == "dense" && workspace_bytes == 0;
+}
+
+// The SM number of the cubins built for `arch` (the device check has matched
+// the device to it); 0 for an arch the contract does not know.
+int cubin_sm(std::string_view arch) {
+  for (const ArchCapability& c : kArchCapabilities)
+    if (c.arch == arch) return c.cc_major * 10 + c.cc_minor;
+  return 0;
 }
 
 std::atomic<const XLA_FFI_Api*> probed_api{nullptr};
@@ -94,8 +103,9 @@ ffi::Error record_launch(const char* target, RecordContext& ctx, PlanState& stat
       return ffi::Error::Internal(std::string(target) + " (" + v.name + "): " + err);
   }
   std::string why;
-  const KernelImage* image =
-      launch.taken && !launch.refused ? find_kernel_image(launch.kernel, &why) : nullptr;
+  const KernelImage* image = launch.taken && !launch.refused
+                                 ? find_kernel_image(launch.kernel, cubin_sm(v.arch), &why)
+                                 : nullptr;
   if (image == nullptr) return capture();
   const std::array<ffi::KernelArg, 1> args = {ffi::HostValue{launch.params, launch.param_bytes}};
   if (ctx.action() == ffi::RecordAction::kCreate) {

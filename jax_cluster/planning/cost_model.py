@@ -279,7 +279,7 @@ def decode_seconds(v: tables.Variant, m, n, k, groups, clusters, dtype, out, dev
     columns = math.ceil(n / v.tile_n) * v.tile_n
     in_bytes, out_bytes = tables.DTYPE_BYTES[dtype], tables.DTYPE_BYTES[out]
     slice_bytes = math.ceil(k / v.cluster_size) * v.tile_n * in_bytes
-    pull = v.stages * v.tile_n * v.tile_k * in_bytes / DECODE_LOADED_LATENCY_S
+    pull = bytes_in_flight(v, dtype) / DECODE_LOADED_LATENCY_S
     stream = max(
         ((m * k + filled * k * n) * in_bytes + m * n * out_bytes) / edge[2],
         math.ceil(items / clusters) * (slice_bytes / pull + DECODE_REDUCTION_S * v.cluster_size),
@@ -289,10 +289,15 @@ def decode_seconds(v: tables.Variant, m, n, k, groups, clusters, dtype, out, dev
     return max(stream, fmas / (FMA_PER_SM[v.arch] * busy))
 
 
+def bytes_in_flight(v: tables.Variant, dtype) -> int:
+    """The weight bytes one CTA of a grouped or decode row keeps in flight: its stages' tiles."""
+    return v.stages * v.tile_n * v.tile_k * tables.DTYPE_BYTES[dtype]
+
+
 def cta_pull_rate(v: tables.Variant, dtype) -> float:
     """Bytes/s one CTA streams weights at: its stages in flight per loaded-HBM latency."""
     latency = LOADED_HBM_LATENCY_S + v.stages * LATENCY_PER_STAGE_S
-    return v.stages * v.tile_n * v.tile_k * tables.DTYPE_BYTES[dtype] / latency
+    return bytes_in_flight(v, dtype) / latency
 
 
 # --------------------------------------------------------------------------- memory
