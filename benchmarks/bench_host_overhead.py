@@ -7,8 +7,10 @@ beside it. Two jax_cluster sides: the kernel's call (pinned past the routing)
 and `jax_cluster.matmul` as a user writes it, on whichever path the routing
 picks for the shape. XLA_FLAGS apply as given: run it again with
 XLA_FLAGS=--xla_gpu_enable_command_buffer= to see XLA's command buffers' share,
-with JAX_CLUSTER_COMMAND_BUFFERS=0 to keep the kernel calls out of them, and
-with JAX_CLUSTER_RECORD=1 to record them as kernel nodes of XLA's graphs.
+with JAX_CLUSTER_COMMAND_BUFFERS=0 to keep the kernel calls out of them, with
+JAX_CLUSTER_RECORD=0 to have XLA capture them instead of recording them as
+kernel nodes, and with JAX_CLUSTER_PDL=0 to launch the kernels without
+programmatic dependent launch.
 
     python benchmarks/bench_host_overhead.py --out benchmarks/results/h200
 """
@@ -114,8 +116,10 @@ def main():
         "xla_flags": flags,
         # False: JAX_CLUSTER_COMMAND_BUFFERS=0, each kernel call its own thunk
         "jax_cluster_command_buffers": jax_cluster.info().command_buffers,
-        # True: JAX_CLUSTER_RECORD=1, kernel calls recorded as command-buffer kernel nodes
+        # False: JAX_CLUSTER_RECORD=0, kernel calls captured into XLA's command buffers
         "jax_cluster_record_stage": jax_cluster.info().record_stage,
+        # False: JAX_CLUSTER_PDL=0, no programmatic dependent launch
+        "jax_cluster_pdl": jax_cluster.info().pdl,
         "notes": [
             "wall_us: median over interleaved rounds of 50 back-to-back calls of a "
             "jit holding a chain of GEMMs, synced once, per GEMM",
@@ -141,8 +145,10 @@ def main():
         stem = common.results_stem("host_overhead_bf16", flags)
         if not payload["jax_cluster_command_buffers"]:
             stem += "_thunks"
-        elif payload["jax_cluster_record_stage"]:
-            stem += "_recorded"
+        elif not payload["jax_cluster_record_stage"]:
+            stem += "_captured"
+        if not payload["jax_cluster_pdl"]:
+            stem += "_nopdl"
         common.write_results(args.out, stem, payload, plot)
 
 

@@ -26,6 +26,7 @@
 #include "ffi/record_stage.h"
 #include "ffi/scaled_gemm_ffi.h"
 #include "ffi/token_tile_ffi.h"
+#include "kernels/launch_recording.h"
 #endif
 
 namespace nb = nanobind;
@@ -216,6 +217,19 @@ NB_MODULE(_ext, m) {
   m.def("register_with_record", &register_with_record, nb::arg("platform"),
         "Registers the targets that have a record stage through the probed XLA FFI API; "
         "returns their names.");
+  m.def(
+      "record_counts",
+      [] {
+        RecordCounts c = record_counts();
+        nb::dict out;
+        out["created"] = c.created;
+        out["updated"] = c.updated;
+        out["captured"] = c.captured;
+        return out;
+      },
+      "Commands the record stage created and updated, and calls it left to XLA's capture.");
+  m.def("pdl_enabled", &pdl_enabled,
+        "Whether sm90 dense GEMMs launch with programmatic dependent launch.");
   m.def("embedded_kernel_images", &embedded_kernel_images,
         "The cubins this extension embeds, each with its SM and kernel names.");
   m.def("variants", &variants, "The compiled variants (rows of the menu).");

@@ -63,10 +63,22 @@ def command_buffers_enabled() -> bool:
 
 def record_stage_requested() -> bool:
     """Whether kernel calls inside XLA's command buffers are recorded as kernel
-    nodes whose parameters XLA updates when the buffers move
-    (JAX_CLUSTER_RECORD=1), rather than captured from the execute handler into
-    a new graph each time. Off by default until measured on a GPU."""
-    return os.environ.get("JAX_CLUSTER_RECORD", "0") == "1"
+    nodes whose parameters XLA updates when the buffers move, rather than
+    captured from the execute handler into a new graph each time (the default;
+    JAX_CLUSTER_RECORD=0 captures them)."""
+    return os.environ.get("JAX_CLUSTER_RECORD", "1") != "0"
+
+
+def pdl_enabled() -> bool:
+    """Whether dense sm90 kernels launch with programmatic dependent launch
+    (the default; JAX_CLUSTER_PDL=0 turns it off)."""
+    return with_kernels() and bool(_ext.pdl_enabled())
+
+
+def record_counts() -> dict[str, int]:
+    """Commands the record stage created and updated in this process, and the
+    calls it left to XLA's capture (all zero without kernels)."""
+    return dict(_ext.record_counts()) if with_kernels() else {"created": 0, "updated": 0, "captured": 0}
 
 
 # A no-op target: registering it makes XLA call it, which shows the extension
@@ -96,7 +108,7 @@ def recorded_targets() -> frozenset[str]:
     jax.ffi.register_ffi_target(_PROBE_TARGET, _ext.ffi_api_probe(), platform="CUDA", api_version=1)
     if not _ext.ffi_api_captured():
         warnings.warn(
-            "jax_cluster: JAX_CLUSTER_RECORD=1, but XLA did not call the probe handler, so the "
+            "jax_cluster: the record stage is on, but XLA did not call the probe handler, so the "
             "kernel calls are captured into XLA's command buffers as before",
             RuntimeWarning,
             stacklevel=2,

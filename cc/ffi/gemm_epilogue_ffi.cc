@@ -18,6 +18,7 @@
 #include "ffi/launch.h"
 #include "ffi/plan_attr.h"
 #include "ffi/plan_state.h"
+#include "ffi/record_stage.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -74,20 +75,40 @@ PlanStateOr gemm_epilogue_instantiate(Plan plan, float alpha, float beta, int32_
   return state;
 }
 
+// The call's GEMM view with its epilogue; an error names what is wrong.
+ffi::Error epilogue_problem(const PlanState& state, const ffi::AnyBuffer& a,
+                            const ffi::AnyBuffer& b, const ffi::AnyBuffer& bias,
+                            const ffi::AnyBuffer& c, const ffi::AnyBuffer& d,
+                            GemmProblem* problem) {
+  if (!state.error().empty()) return invalid(state.error());
+  if (std::string err = dense_problem(state.variant(), a, b, d, problem); !err.empty())
+    return invalid(err);
+  problem->epilogue = state.epilogue;
+  if (std::string err = epilogue_buffers(bias, c, d, problem); !err.empty()) return invalid(err);
+  return ffi::Error::Success();
+}
+
 ffi::Error gemm_epilogue_execute(PlanState* state, cudaStream_t stream, ffi::AnyBuffer a,
                                  ffi::AnyBuffer b, ffi::AnyBuffer bias, ffi::AnyBuffer c,
                                  ffi::Result<ffi::AnyBuffer> d,
                                  ffi::Result<ffi::AnyBuffer> workspace) {
-  if (!state->error().empty()) return invalid(state->error());
   GemmProblem problem;
-  if (std::string err = dense_problem(state->variant(), a, b, *d, &problem); !err.empty())
-    return invalid(err);
-  problem.epilogue = state->epilogue;
-  if (std::string err = epilogue_buffers(bias, c, *d, &problem); !err.empty()) return invalid(err);
+  if (ffi::Error err = epilogue_problem(*state, a, b, bias, c, *d, &problem); err.failure())
+    return err;
   if (problem.m == 0 || problem.n == 0 || problem.batch == 0) return ffi::Error::Success();
   // act(bias + beta*C) is not a memset: the planner sends K = 0 to XLA.
   if (problem.k == 0) return invalid("K = 0 has no kernel plan; it runs on XLA");
   return launch_variant(kTarget, *state, problem, *d, *workspace, stream);
+}
+
+ffi::Error gemm_epilogue_record(RecordContext ctx, PlanState* state, cudaStream_t stream,
+                                ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer bias,
+                                ffi::AnyBuffer c, ffi::Result<ffi::AnyBuffer> d,
+                                ffi::Result<ffi::AnyBuffer> workspace) {
+  GemmProblem problem;
+  if (epilogue_problem(*state, a, b, bias, c, *d, &problem).failure())
+    return ctx.RequestStreamCapture();  // the traced execute handler reports the error
+  return record_launch(kTarget, ctx, *state, problem, *workspace, stream);
 }
 
 auto execute_binding() {
@@ -112,9 +133,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmEpilogueExecute, gemm_epilogue_execute, execut
                               {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmEpilogueExecuteOutsideGraphs, gemm_epilogue_execute,
                               execute_binding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmEpilogueRecord, gemm_epilogue_record,
+                              bind_record()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
 
 HandlerBundle gemm_epilogue_ffi_handlers() {
-  return {GemmEpilogueInstantiate, GemmEpilogueExecute, GemmEpilogueExecuteOutsideGraphs};
+  return {GemmEpilogueInstantiate, GemmEpilogueExecute, GemmEpilogueExecuteOutsideGraphs,
+          GemmEpilogueRecord};
 }
 
 }  // namespace jax_cluster

@@ -21,6 +21,7 @@
 #include "ffi/mx_scale_checks.h"
 #include "ffi/plan_attr.h"
 #include "ffi/plan_state.h"
+#include "ffi/record_stage.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -158,28 +159,53 @@ PlanStateOr instantiate(Plan plan, bool scaled) {
 PlanStateOr ragged_instantiate(Plan plan) { return instantiate(plan, false); }
 PlanStateOr scaled_ragged_instantiate(Plan plan) { return instantiate(plan, true); }
 
-// Both targets' execute: the scales are null for kRaggedDotTarget.
-ffi::Error execute(const char* target, PlanState* state, cudaStream_t stream,
-                   const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer* scale_a,
-                   const ffi::AnyBuffer* scale_b, const ffi::Buffer<ffi::S32>& group_sizes,
-                   ffi::AnyBuffer d, ffi::AnyBuffer workspace) {
-  if (!state->error().empty()) return invalid(target, state->error());
-  const VariantEntry& v = state->variant();
+// Both targets' GEMM view of a call's buffers (the scales are null for
+// kRaggedDotTarget); an error names what is wrong.
+ffi::Error ragged_problem(const char* target, const PlanState& state, const ffi::AnyBuffer& a,
+                          const ffi::AnyBuffer& b, const ffi::AnyBuffer* scale_a,
+                          const ffi::AnyBuffer* scale_b, const ffi::Buffer<ffi::S32>& group_sizes,
+                          const ffi::AnyBuffer& d, GemmProblem* problem) {
+  if (!state.error().empty()) return invalid(target, state.error());
+  const VariantEntry& v = state.variant();
   if (std::string err = check_dtypes(v, a, b, d); !err.empty()) return invalid(target, err);
   if (group_sizes.dimensions().size() != 1) return invalid(target, "group_sizes must be rank 1");
   int64_t groups = group_sizes.dimensions()[0];
   if (groups < 1) return invalid(target, "group_sizes is empty");
-  GemmProblem problem;
-  if (std::string err = problem_from_buffers(v, a, b, groups, d, &problem); !err.empty())
+  if (std::string err = problem_from_buffers(v, a, b, groups, d, problem); !err.empty())
     return invalid(target, err);
   if (scale_a != nullptr)
-    if (std::string err = scales_from_buffers(v, *scale_a, *scale_b, &problem); !err.empty())
+    if (std::string err = scales_from_buffers(v, *scale_a, *scale_b, problem); !err.empty())
       return invalid(target, err);
-  problem.group_sizes = group_sizes.typed_data();
+  problem->group_sizes = group_sizes.typed_data();
+  return ffi::Error::Success();
+}
+
+ffi::Error execute(const char* target, PlanState* state, cudaStream_t stream,
+                   const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer* scale_a,
+                   const ffi::AnyBuffer* scale_b, const ffi::Buffer<ffi::S32>& group_sizes,
+                   ffi::AnyBuffer d, ffi::AnyBuffer workspace) {
+  GemmProblem problem;
+  if (ffi::Error err =
+          ragged_problem(target, *state, a, b, scale_a, scale_b, group_sizes, d, &problem);
+      err.failure())
+    return err;
   if (d.size_bytes() == 0) return ffi::Error::Success();
   // Both problems contract over GEMM k: K for ragged_m, the rows for ragged_k.
   if (problem.k == 0) return zero_output(target, d, stream);  // empty sums everywhere
   return launch_variant(target, *state, problem, d, workspace, stream);
+}
+
+// Both targets' record stage: the call's launches as command-buffer nodes, or
+// XLA's capture of the execute handler (which reports any error).
+ffi::Error record(const char* target, RecordContext& ctx, PlanState* state, cudaStream_t stream,
+                  const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer* scale_a,
+                  const ffi::AnyBuffer* scale_b, const ffi::Buffer<ffi::S32>& group_sizes,
+                  ffi::AnyBuffer d, ffi::AnyBuffer workspace) {
+  GemmProblem problem;
+  if (d.size_bytes() == 0 ||
+      ragged_problem(target, *state, a, b, scale_a, scale_b, group_sizes, d, &problem).failure())
+    return ctx.RequestStreamCapture();
+  return record_launch(target, ctx, *state, problem, workspace, stream);
 }
 
 ffi::Error ragged_execute(PlanState* state, cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
@@ -195,6 +221,22 @@ ffi::Error scaled_ragged_execute(PlanState* state, cudaStream_t stream, ffi::Any
                                  ffi::Result<ffi::AnyBuffer> workspace) {
   return execute(kScaledRaggedDotTarget, state, stream, a, b, &scale_a, &scale_b, group_sizes, *d,
                  *workspace);
+}
+
+ffi::Error ragged_record(RecordContext ctx, PlanState* state, cudaStream_t stream, ffi::AnyBuffer a,
+                         ffi::AnyBuffer b, ffi::Buffer<ffi::S32> group_sizes,
+                         ffi::Result<ffi::AnyBuffer> d, ffi::Result<ffi::AnyBuffer> workspace) {
+  return record(kRaggedDotTarget, ctx, state, stream, a, b, nullptr, nullptr, group_sizes, *d,
+                *workspace);
+}
+
+ffi::Error scaled_ragged_record(RecordContext ctx, PlanState* state, cudaStream_t stream,
+                                ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer scale_a,
+                                ffi::AnyBuffer scale_b, ffi::Buffer<ffi::S32> group_sizes,
+                                ffi::Result<ffi::AnyBuffer> d,
+                                ffi::Result<ffi::AnyBuffer> workspace) {
+  return record(kScaledRaggedDotTarget, ctx, state, stream, a, b, &scale_a, &scale_b, group_sizes,
+                *d, *workspace);
 }
 
 auto execute_binding() {
@@ -217,6 +259,26 @@ auto scaled_execute_binding() {
       .Ret<ffi::AnyBuffer>();
 }
 
+auto record_binding() {
+  return bind_record()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::Buffer<ffi::S32>>()
+      .Ret<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>();
+}
+
+auto scaled_record_binding() {
+  return bind_record()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::Buffer<ffi::S32>>()
+      .Ret<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedInstantiate, ragged_instantiate,
@@ -224,6 +286,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedInstantiate, ragged_instantiate,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedExecute, ragged_execute, execute_binding(),
                               {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedExecuteOutsideGraphs, ragged_execute, execute_binding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedRecord, ragged_record, record_binding());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaledRaggedInstantiate, scaled_ragged_instantiate,
                               ffi::Ffi::BindInstantiate().Attr<Plan>("plan"));
@@ -231,13 +294,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaledRaggedExecute, scaled_ragged_execute, scaled
                               {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaledRaggedExecuteOutsideGraphs, scaled_ragged_execute,
                               scaled_execute_binding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaledRaggedRecord, scaled_ragged_record, scaled_record_binding());
 
 HandlerBundle ragged_ffi_handlers() {
-  return {RaggedInstantiate, RaggedExecute, RaggedExecuteOutsideGraphs};
+  return {RaggedInstantiate, RaggedExecute, RaggedExecuteOutsideGraphs, RaggedRecord};
 }
 
 HandlerBundle scaled_ragged_ffi_handlers() {
-  return {ScaledRaggedInstantiate, ScaledRaggedExecute, ScaledRaggedExecuteOutsideGraphs};
+  return {ScaledRaggedInstantiate, ScaledRaggedExecute, ScaledRaggedExecuteOutsideGraphs,
+          ScaledRaggedRecord};
 }
 
 }  // namespace jax_cluster

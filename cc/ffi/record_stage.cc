@@ -1,9 +1,9 @@
 #include "ffi/record_stage.h"
 
-#include <array>
 #include <atomic>
 #include <cstring>
 #include <string_view>
+#include <vector>
 
 #include "common/contract.h"
 #include "dispatch/gemm_dispatch.h"
@@ -29,13 +29,6 @@ class ScopedRecording {
   LaunchRecording* previous_;
 };
 
-// A dense variant with no workspace to initialise: its run() goes through
-// launch_kernel once and touches the stream for nothing else (an sm100 one
-// refuses the recording there, and the call is captured).
-bool describable(const VariantEntry& v, size_t workspace_bytes) {
-  return std::string_view(v.problem) == "dense" && workspace_bytes == 0;
-}
-
 // The SM number of the cubins built for `arch` (the device check has matched
 // the device to it); 0 for an arch the contract does not know.
 int cubin_sm(std::string_view arch) {
@@ -45,6 +38,7 @@ int cubin_sm(std::string_view arch) {
 }
 
 std::atomic<const XLA_FFI_Api*> probed_api{nullptr};
+std::atomic<int64_t> created_count{0}, updated_count{0}, captured_count{0};
 
 ffi::Error probe_noop() { return ffi::Error::Success(); }
 
@@ -60,6 +54,10 @@ extern "C" XLA_FFI_Error* FfiApiProbe(XLA_FFI_CallFrame* frame) {
 XLA_FFI_Handler* ffi_api_probe() { return FfiApiProbe; }
 
 const XLA_FFI_Api* captured_ffi_api() { return probed_api.load(); }
+
+RecordCounts record_counts() {
+  return {created_count.load(), updated_count.load(), captured_count.load()};
+}
 
 std::string register_bundle(const char* name, const char* platform,
                             const XLA_FFI_Handler_Bundle& bundle, XLA_FFI_Handler_Traits traits) {
@@ -84,7 +82,10 @@ ffi::Error record_launch(const char* target, RecordContext& ctx, PlanState& stat
                          cudaStream_t stream) {
   // anything this path cannot describe is traced from the execute handler,
   // which also reports the plan's and the buffers' errors
-  auto capture = [&] { return ctx.RequestStreamCapture(); };
+  auto capture = [&] {
+    captured_count.fetch_add(1);
+    return ctx.RequestStreamCapture();
+  };
   int device_id = 0;
   Dispatch dispatch;
   if (!state.error().empty() || problem.m == 0 || problem.n == 0 || problem.k == 0 ||
@@ -93,37 +94,59 @@ ffi::Error record_launch(const char* target, RecordContext& ctx, PlanState& stat
     return capture();
   const VariantEntry& v = *dispatch.variant;
   const VariantOps& ops = v.ops();
-  if (!describable(v, ops.workspace_size(problem, dispatch.choices, dispatch.slots)))
+  if (ops.workspace_size(problem, dispatch.choices, dispatch.slots) > workspace.size_bytes())
     return capture();
-  LaunchRecording launch;
+  LaunchRecording steps;
   {
-    ScopedRecording scope(&launch);
+    ScopedRecording scope(&steps);
     if (const char* err = ops.run(problem, dispatch.choices, dispatch.slots,
                                   workspace.untyped_data(), workspace.size_bytes(), stream))
       return ffi::Error::Internal(std::string(target) + " (" + v.name + "): " + err);
   }
+  if (steps.refused || steps.count == 0) return capture();
+  // everything looked up before the first command, so a refusal leaves none behind
+  const KernelImage* images[LaunchRecording::kMaxSteps] = {};
   std::string why;
-  const KernelImage* image = launch.taken && !launch.refused
-                                 ? find_kernel_image(launch.kernel, cubin_sm(v.arch), &why)
-                                 : nullptr;
-  if (image == nullptr) return capture();
-  const std::array<ffi::KernelArg, 1> args = {ffi::HostValue{launch.params, launch.param_bytes}};
+  for (int i = 0; i < steps.count; ++i)
+    if ((images[i] = find_kernel_image(steps.steps[i].kernel, cubin_sm(v.arch), &why)) == nullptr)
+      return capture();
+  auto args_of = [&](const RecordedStep& s) {
+    std::vector<ffi::KernelArg> args;
+    for (int j = 0; j < s.args; ++j)
+      args.push_back(ffi::HostValue{steps.arg(s, j), s.arg_bytes[j]});
+    return args;
+  };
   if (ctx.action() == ffi::RecordAction::kCreate) {
-    const bool clustered = launch.cluster.x * launch.cluster.y * launch.cluster.z > 1;
-    XLA_FFI_LaunchDims dims = {
-        {int32_t(launch.grid.x), int32_t(launch.grid.y), int32_t(launch.grid.z)},
-        {int32_t(launch.block.x), int32_t(launch.block.y), int32_t(launch.block.z)},
-        clustered ? XLA_FFI_Dim3{int32_t(launch.cluster.x), int32_t(launch.cluster.y),
-                                 int32_t(launch.cluster.z)}
-                  : XLA_FFI_Dim3{0, 0, 0}};
-    auto command = ctx.CreateLaunch(image->name.c_str(), image->cubin, image->cubin_bytes,
-                                    ffi::SourceFormat::kCubin, dims, launch.shared_bytes,
-                                    /*uses_pdl=*/false, args);
-    return command.has_value() ? ffi::Error::Success() : command.error();
+    // XLA orders a launch after the commands before the call; each further
+    // step goes after the one before it, and the last is the one XLA orders
+    // the later commands after
+    std::vector<const XLA_FFI_Command*> after;
+    for (int i = 0; i < steps.count; ++i) {
+      const RecordedStep& s = steps.steps[i];
+      const bool clustered = s.cluster.x * s.cluster.y * s.cluster.z > 1;
+      XLA_FFI_LaunchDims dims = {
+          {int32_t(s.grid.x), int32_t(s.grid.y), int32_t(s.grid.z)},
+          {int32_t(s.block.x), int32_t(s.block.y), int32_t(s.block.z)},
+          clustered ? XLA_FFI_Dim3{int32_t(s.cluster.x), int32_t(s.cluster.y), int32_t(s.cluster.z)}
+                    : XLA_FFI_Dim3{0, 0, 0}};
+      auto command = ctx.CreateLaunch(images[i]->name.c_str(), images[i]->cubin,
+                                      images[i]->cubin_bytes, ffi::SourceFormat::kCubin, dims,
+                                      s.shared_bytes, s.pdl, args_of(s), after);
+      if (!command.has_value()) return command.error();
+      after.assign(1, command.value());
+      created_count.fetch_add(1);
+    }
+    return ffi::Error::Success();
   }
-  if (ctx.commands().size() != 1)
-    return ffi::Error::Internal(std::string(target) + ": expected the one kernel node it recorded");
-  return ctx.UpdateLaunch(ctx.commands()[0], args);
+  if (int64_t(ctx.commands().size()) != steps.count)
+    return ffi::Error::Internal(std::string(target) + ": expected the " +
+                                std::to_string(steps.count) + " commands it recorded");
+  for (int i = 0; i < steps.count; ++i)
+    if (ffi::Error updated = ctx.UpdateLaunch(ctx.commands()[i], args_of(steps.steps[i]));
+        updated.failure())
+      return updated;
+  updated_count.fetch_add(steps.count);
+  return ffi::Error::Success();
 }
 
 }  // namespace jax_cluster

@@ -45,6 +45,13 @@ xla::ffi::Error record_launch(const char* target, RecordContext& ctx, PlanState&
                               const GemmProblem& problem, xla::ffi::AnyBuffer& workspace,
                               cudaStream_t stream);
 
+// How the record stage has answered XLA so far, in this process: commands
+// created, parameter updates, and calls left to XLA's capture.
+struct RecordCounts {
+  int64_t created = 0, updated = 0, captured = 0;
+};
+RecordCounts record_counts();
+
 // The probe target's handler: a no-op that keeps the XLA FFI API it is called with.
 XLA_FFI_Handler* ffi_api_probe();
 // That API, or nullptr before XLA has called the probe.

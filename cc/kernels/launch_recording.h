@@ -1,45 +1,131 @@
-// A launch taken down instead of made: while a LaunchRecording is active on
-// this thread, the sm90 CUTLASS launch path (kernels/cutlass_universal_gemm.cuh)
-// fills it with the kernel, its dimensions and its parameter bytes and
-// launches nothing. XLA's record stage then adds the kernel to its command
-// buffer itself (ffi/record_stage.h), and updates only the parameters when
-// the buffers move, instead of capturing the launch into a new graph.
+// Launches taken down instead of made: while a LaunchRecording is active on
+// this thread, our sm90 launch paths (the CUTLASS GEMM launch, the grouped
+// preparation kernel, the decode kernel, the work queue's counter zeroing)
+// append their kernels to it and touch no stream. XLA's record stage then adds
+// those steps to its command buffer itself (ffi/record_stage.h) and, when the
+// buffers move, updates only their parameters, instead of capturing the
+// launches into a new graph.
 #pragma once
 
 #include <cstddef>
 #include <cstring>
+#include <tuple>
 
 #include <cuda_runtime_api.h>
 
 namespace jax_cluster {
 
-struct LaunchRecording {
-  static constexpr size_t kMaxParamBytes = 4096;  // CUDA's kernel parameter limit
+struct RecordedStep {
+  // one entry per kernel parameter, each a slice of the recording's bytes
+  static constexpr int kMaxArgs = 24;
   const void* kernel = nullptr;
   dim3 grid, block, cluster;
   unsigned shared_bytes = 0;
-  size_t param_bytes = 0;
-  alignas(64) unsigned char params[kMaxParamBytes];
-  bool taken = false;
-  // the path reached something it cannot describe (a second launch, a launch
+  // launched with programmatic dependent launch: the kernel waits on its
+  // predecessor itself (griddepcontrol.wait) before touching global memory
+  bool pdl = false;
+  int args = 0;
+  size_t arg_offset[kMaxArgs] = {}, arg_bytes[kMaxArgs] = {};
+};
+
+struct LaunchRecording {
+  static constexpr int kMaxSteps = 4;
+  static constexpr size_t kMaxBytes = 3 * 4096;  // CUDA's parameter limit is 4 KB a kernel
+  RecordedStep steps[kMaxSteps];
+  int count = 0;
+  size_t used = 0;
+  alignas(64) unsigned char bytes[kMaxBytes];
+  // the path reached something it cannot describe (too many steps, a launch
   // through CUTLASS's adapter): the call must be captured instead
   bool refused = false;
 
-  template <class Params>
-  void take(const void* fn, dim3 g, dim3 b, dim3 c, unsigned smem, const Params& p) {
-    static_assert(sizeof(Params) <= kMaxParamBytes, "kernel parameters past CUDA's limit");
-    if (taken) {
+  const unsigned char* arg(const RecordedStep& s, int i) const { return bytes + s.arg_offset[i]; }
+
+  template <class... Args>
+  void take_kernel(const void* fn, dim3 grid, dim3 block, dim3 cluster, unsigned smem, bool pdl,
+                   const Args&... args) {
+    static_assert(sizeof...(Args) <= RecordedStep::kMaxArgs, "more kernel parameters than kept");
+    RecordedStep* s = next();
+    if (s == nullptr) return;
+    s->kernel = fn, s->grid = grid, s->block = block, s->cluster = cluster;
+    s->shared_bytes = smem, s->pdl = pdl;
+    (keep(*s, &args, sizeof(Args)), ...);
+  }
+
+ private:
+  RecordedStep* next() {
+    if (refused || count == kMaxSteps) {
+      refused = true;
+      return nullptr;
+    }
+    steps[count] = RecordedStep{};
+    return &steps[count++];
+  }
+
+  void keep(RecordedStep& s, const void* value, size_t n) {
+    const size_t at = (used + 15) / 16 * 16;
+    if (refused || at + n > kMaxBytes) {
       refused = true;
       return;
     }
-    kernel = fn, grid = g, block = b, cluster = c, shared_bytes = smem;
-    param_bytes = sizeof(Params);
-    std::memcpy(params, &p, sizeof(Params));
-    taken = true;
+    std::memcpy(bytes + at, value, n);
+    s.arg_offset[s.args] = at, s.arg_bytes[s.args] = n, ++s.args;
+    used = at + n;
   }
 };
 
 // The recording active on this thread, or nullptr.
 LaunchRecording*& active_launch_recording();
+
+// Whether sm90 dense GEMMs launch with programmatic dependent launch. The
+// kernel units are built with CUTLASS's grid dependency control
+// (cmake/kernels.cmake), so each of those kernels waits on its predecessor
+// before touching global memory; JAX_CLUSTER_PDL=0 turns it off. Read once.
+bool pdl_enabled();
+
+// Launches `kernel` on `stream` (a cluster launch when `cluster` has more than
+// one CTA; with programmatic dependent launch when `pdl`), or records it.
+template <class... Params, class... Args>
+cudaError_t launch_or_record(void (*kernel)(Params...), dim3 grid, dim3 block, dim3 cluster,
+                             unsigned smem, bool pdl, cudaStream_t stream, const Args&... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args), "one argument per kernel parameter");
+  const void* fn = reinterpret_cast<const void*>(kernel);
+  if (LaunchRecording* r = active_launch_recording()) {
+    // each argument converted to its parameter's type first, as a launch would
+    std::apply([&](const auto&... p) { r->take_kernel(fn, grid, block, cluster, smem, pdl, p...); },
+               std::tuple<Params...>(args...));
+    return cudaSuccess;
+  }
+  std::tuple<Params...> values(args...);
+  void* pointers[sizeof...(Params) + 1] = {};
+  std::apply(
+      [&](auto&... p) {
+        int i = 0;
+        ((pointers[i++] = &p), ...);
+      },
+      values);
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster.x;
+    attr[n].val.clusterDim.y = cluster.y;
+    attr[n].val.clusterDim.z = cluster.z;
+    ++n;
+  }
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = n;
+  return cudaLaunchKernelExC(&config, fn, pointers);
+}
 
 }  // namespace jax_cluster

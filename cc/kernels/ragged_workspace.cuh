@@ -15,6 +15,7 @@
 #include <cutlass/util/packed_stride.hpp>
 
 #include "common/gemm_problem.h"
+#include "kernels/launch_recording.h"
 #include "kernels/ragged_groups.cuh"
 
 namespace jax_cluster {
@@ -100,10 +101,12 @@ struct RaggedWorkspace {
     // a variant reads one kind of scales: float32 blocks, or MX bytes
     const void* scale_a = p.mx_scale_a != nullptr ? p.mx_scale_a : p.scale_a;
     const void* scale_b = p.mx_scale_b != nullptr ? p.mx_scale_b : p.scale_b;
-    prepare_ragged_groups<Problem, Operands><<<blocks, kRaggedPrepThreads, 0, stream>>>(
-        p.group_sizes, p.batch, rows, p.m, p.n, p.k, p.a, p.b, p.d, arrays, stride_a, stride_b,
-        stride_d, cluster_tile_m, tiles_n, int64_t(p.n) * sizeof(ElementD), scale_a, scale_b);
-    cudaError_t err = cudaGetLastError();
+    cudaError_t err = launch_or_record(
+        &prepare_ragged_groups<Problem, Operands, Arrays, StrideA, StrideB, StrideD>, dim3(blocks),
+        dim3(kRaggedPrepThreads), dim3(1, 1, 1), 0, /*pdl=*/false, stream, p.group_sizes, p.batch,
+        rows, p.m, p.n, p.k, p.a, p.b, p.d, arrays, stride_a, stride_b, stride_d, cluster_tile_m,
+        tiles_n, int64_t(p.n) * sizeof(ElementD), scale_a, scale_b);
+    if (err != cudaSuccess) cudaGetLastError();
     return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
   }
 };

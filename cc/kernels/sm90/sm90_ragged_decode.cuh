@@ -36,6 +36,7 @@
 
 #include "common/contract.h"
 #include "common/gemm_problem.h"
+#include "kernels/launch_recording.h"
 #include "kernels/ragged_groups.cuh"
 
 namespace jax_cluster::sm90 {
@@ -314,7 +315,7 @@ struct RaggedDecode {
     return cudaSuccess;
   }
 
-  static cudaLaunchConfig_t config(dim3 grid, cudaLaunchAttribute* attr, cudaStream_t stream) {
+  static cudaLaunchConfig_t config(dim3 grid, cudaLaunchAttribute* attr) {
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = ClusterM;
     attr[0].val.clusterDim.y = 1;
@@ -323,7 +324,6 @@ struct RaggedDecode {
     c.gridDim = grid;
     c.blockDim = dim3(kThreads, 1, 1);
     c.dynamicSmemBytes = kDynamicSmem;
-    c.stream = stream;
     c.attrs = attr;
     c.numAttrs = 1;
     return c;
@@ -358,9 +358,9 @@ struct RaggedDecode {
     // a bound on the items: every group's last chunk may be partial
     const int64_t chunks = int64_t(p.m) / TileM + std::min(p.batch, p.m) + 1;
     const int64_t clusters = std::min<int64_t>(chunks * args.tiles_n, s.max_active_clusters);
-    cudaLaunchAttribute attr[1];
-    cudaLaunchConfig_t cfg = config(dim3(static_cast<unsigned>(clusters * ClusterM)), attr, stream);
-    if (cudaLaunchKernelEx(&cfg, kernel, args) != cudaSuccess) {
+    if (launch_or_record(kernel, dim3(static_cast<unsigned>(clusters * ClusterM)), dim3(kThreads),
+                         dim3(ClusterM, 1, 1), kDynamicSmem, /*pdl=*/false, stream,
+                         args) != cudaSuccess) {
       cudaGetLastError();
       return "the decode kernel failed to launch";
     }
@@ -372,7 +372,7 @@ struct RaggedDecode {
     if (cudaGetDevice(&previous) != cudaSuccess) return 0;
     if (previous != device_id && cudaSetDevice(device_id) != cudaSuccess) return 0;
     cudaLaunchAttribute attr[1];
-    cudaLaunchConfig_t cfg = config(dim3(ClusterM), attr, nullptr);
+    cudaLaunchConfig_t cfg = config(dim3(ClusterM), attr);
     int clusters = 0;
     if (allow_dynamic_smem() != cudaSuccess ||
         cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess)

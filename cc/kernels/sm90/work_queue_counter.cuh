@@ -1,13 +1,15 @@
 // The one global counter a dynamic scheduler hands tiles out from: four
-// bytes of the launch workspace, zeroed by a stream-ordered memset before
-// every launch (no host sync; safe in CUDA graphs).
+// bytes of the launch workspace, zeroed in stream order before every launch
+// (no host sync; safe in CUDA graphs; a recorded step under XLA's record stage).
 #pragma once
 
 #include <cstdint>
 
+#include <cutlass/cuda_host_adapter.hpp>
 #include <cutlass/cutlass.h>
 #include <cutlass/kernel_hardware_info.h>
-#include <cutlass/workspace.h>
+
+#include "kernels/zero_fill.h"
 
 namespace jax_cluster::sm90 {
 
@@ -37,8 +39,10 @@ struct WorkQueueCounter {
                                               cudaStream_t stream, ProblemShape,
                                               cutlass::KernelHardwareInfo const&, uint32_t,
                                               uint32_t = 1, uint32_t = 1,
-                                              cutlass::CudaHostAdapter* adapter = nullptr) {
-    return cutlass::zero_workspace(workspace, sizeof(uint32_t), stream, adapter);
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return zero_or_record(workspace, sizeof(uint32_t), stream) == cudaSuccess
+               ? cutlass::Status::kSuccess
+               : cutlass::Status::kErrorInternal;
   }
 };
 
