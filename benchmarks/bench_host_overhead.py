@@ -7,10 +7,9 @@ beside it. Two jax_cluster sides: the kernel's call (pinned past the routing)
 and `jax_cluster.matmul` as a user writes it, on whichever path the routing
 picks for the shape. XLA_FLAGS apply as given: run it again with
 XLA_FLAGS=--xla_gpu_enable_command_buffer= to see XLA's command buffers' share,
-with JAX_CLUSTER_COMMAND_BUFFERS=0 to keep the kernel calls out of them, with
-JAX_CLUSTER_RECORD=0 to have XLA capture them instead of recording them as
-kernel nodes, and with JAX_CLUSTER_PDL=0 to launch the kernels without
-programmatic dependent launch.
+with JAX_CLUSTER_COMMAND_BUFFERS=0 to keep the kernel calls out of them, and
+with JAX_CLUSTER_RECORD=0 to have XLA capture them instead of recording them
+as kernel nodes.
 
     python benchmarks/bench_host_overhead.py --out benchmarks/results/h200
 """
@@ -76,6 +75,8 @@ def measure(n, length, rounds):
         if not math.isfinite(err):
             raise RuntimeError(f"{n}^3: the {side} chain produced non-finite values")
     walls = {side: [] for side in sides}
+    for fn in fns.values():  # an untimed round: XLA builds its command buffers over the first runs
+        timing.span_ms(fn, [(a, b)], calls=50)
     for r in range(rounds):  # interleaved
         for side in list(sides) if r % 2 == 0 else list(sides)[::-1]:
             walls[side].append(timing.span_ms(fns[side], [(a, b)], calls=50) * 1e3 / length)
@@ -118,8 +119,6 @@ def main():
         "jax_cluster_command_buffers": jax_cluster.info().command_buffers,
         # False: JAX_CLUSTER_RECORD=0, kernel calls captured into XLA's command buffers
         "jax_cluster_record_stage": jax_cluster.info().record_stage,
-        # False: JAX_CLUSTER_PDL=0, no programmatic dependent launch
-        "jax_cluster_pdl": jax_cluster.info().pdl,
         "notes": [
             "wall_us: median over interleaved rounds of 50 back-to-back calls of a "
             "jit holding a chain of GEMMs, synced once, per GEMM",
@@ -147,8 +146,6 @@ def main():
             stem += "_thunks"
         elif not payload["jax_cluster_record_stage"]:
             stem += "_captured"
-        if not payload["jax_cluster_pdl"]:
-            stem += "_nopdl"
         common.write_results(args.out, stem, payload, plot)
 
 

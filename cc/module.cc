@@ -26,7 +26,6 @@
 #include "ffi/record_stage.h"
 #include "ffi/scaled_gemm_ffi.h"
 #include "ffi/token_tile_ffi.h"
-#include "kernels/launch_recording.h"
 #endif
 
 namespace nb = nanobind;
@@ -228,8 +227,6 @@ NB_MODULE(_ext, m) {
         return out;
       },
       "Commands the record stage created and updated, and calls it left to XLA's capture.");
-  m.def("pdl_enabled", &pdl_enabled,
-        "Whether sm90 dense GEMMs launch with programmatic dependent launch.");
   m.def("embedded_kernel_images", &embedded_kernel_images,
         "The cubins this extension embeds, each with its SM and kernel names.");
   m.def("variants", &variants, "The compiled variants (rows of the menu).");

@@ -42,10 +42,7 @@ file(WRITE "${JAX_CLUSTER_GENERATED_DIR}/units.txt" "${_jc_units_text}\n")
 set(_jc_launcher "${Python_EXECUTABLE}" "${CMAKE_SOURCE_DIR}/cc/compile_progress.py"
                  "${JAX_CLUSTER_GENERATED_DIR}/units.txt" ${CMAKE_CUDA_COMPILER_LAUNCHER})
 
-# CUTLASS_ENABLE_GDC_FOR_SM90: sm90 GEMMs wait on their stream predecessor in the kernel
-# (griddepcontrol), so they can launch with programmatic dependent launch.
-set(_jc_cuda_flags -O3 -DNDEBUG -DCUTLASS_ENABLE_GDC_FOR_SM90 --expt-relaxed-constexpr
-    -Xptxas=--warn-on-spills)
+set(_jc_cuda_flags -O3 -DNDEBUG --expt-relaxed-constexpr -Xptxas=--warn-on-spills)
 set(_jc_kernel_libs "")
 foreach(_arch IN LISTS JAX_CLUSTER_ARCHS)
   if(NOT _jc_sources_${_arch})
@@ -68,7 +65,7 @@ foreach(_arch IN LISTS JAX_CLUSTER_ARCHS)
   string(REGEX REPLACE "^sm([0-9]+a?)$" "\\1" _num "${_arch}")
   list(APPEND _jc_gencodes "-gencode=arch=compute_${_num},code=sm_${_num}")
 endforeach()
-add_library(kernels_shared OBJECT cc/kernels/token_tile_quantize.cu cc/kernels/zero_fill.cu)
+add_library(kernels_shared OBJECT cc/kernels/token_tile_quantize.cu cc/kernels/fill.cu)
 set_target_properties(kernels_shared PROPERTIES CUDA_ARCHITECTURES OFF CUDA_STANDARD 17)
 target_compile_options(kernels_shared PRIVATE ${_jc_cuda_flags} ${_jc_gencodes})
 target_include_directories(kernels_shared PRIVATE cc "${JAX_CLUSTER_GENERATED_DIR}")

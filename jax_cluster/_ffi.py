@@ -69,12 +69,6 @@ def record_stage_requested() -> bool:
     return os.environ.get("JAX_CLUSTER_RECORD", "1") != "0"
 
 
-def pdl_enabled() -> bool:
-    """Whether dense sm90 kernels launch with programmatic dependent launch
-    (the default; JAX_CLUSTER_PDL=0 turns it off)."""
-    return with_kernels() and bool(_ext.pdl_enabled())
-
-
 def record_counts() -> dict[str, int]:
     """Commands the record stage created and updated in this process, and the
     calls it left to XLA's capture (all zero without kernels)."""

@@ -29,7 +29,6 @@ class Info:
     sample_reason: str
     command_buffers: bool  # whether XLA may trace kernel calls into its CUDA graphs
     record_stage: bool  # whether those that can be are recorded as kernel nodes instead
-    pdl: bool  # whether dense sm90 kernels launch with programmatic dependent launch
     route: str  # the dense calls' default route ("measured" or "kernel")
 
     def __str__(self) -> str:
@@ -46,8 +45,7 @@ class Info:
             graphs = "traced into XLA's command buffers" if self.command_buffers else "their own thunks"
             if self.command_buffers and self.record_stage:
                 graphs += " (recorded as kernel nodes where they can be)"
-            pdl = "; dense kernels with programmatic dependent launch" if self.pdl else ""
-            lines.append(f"kernel calls: {graphs}{pdl}; dense calls routed: {self.route}")
+            lines.append(f"kernel calls: {graphs}; dense calls routed: {self.route}")
         lines.append(f"{self.sample_call} takes the {self.sample_path} path: {self.sample_reason}")
         return "\n".join(lines)
 
@@ -72,6 +70,5 @@ def info(device=None) -> Info:
         sample_reason=p.reason,
         command_buffers=_ffi.command_buffers_enabled(),
         record_stage=_ffi.record_stage_requested(),
-        pdl=_ffi.pdl_enabled(),
         route=routing.default_route(),
     )

@@ -82,12 +82,11 @@ for part in ${STEPS:-tests bench grid}; do
            JAX_CLUSTER_SANITIZE_LOGS="$LOGS" "$PYTEST" -q -rs -s -p no:cacheprovider ${XDIST:--n 3} tests/gpu/test_gpu_sanitizer.py 2>&1 | tee "$LOGS/sanitizer.log" | tail -15 ;;
     smoke) step "smoke: the dense GEMM tests (the size grid aside), stopping at the first failure"
            "$PYTEST" -q -x -p no:cacheprovider -k "not size_grid" tests/gpu/test_gpu_gemm.py 2>&1 | tee "$LOGS/smoke.log" | tail -8 ;;
-    hostcost) step "host cost per call: default, XLA's command buffers off, kernel calls as their own thunks, captured, without PDL"
+    hostcost) step "host cost per call: default, XLA's command buffers off, kernel calls as their own thunks, captured"
            { "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"
              XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"
              JAX_CLUSTER_COMMAND_BUFFERS=0 "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"
-             JAX_CLUSTER_RECORD=0 "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"
-             JAX_CLUSTER_PDL=0 "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"; } 2>&1 | tee "$LOGS/hostcost.log" ;;
+             JAX_CLUSTER_RECORD=0 "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"; } 2>&1 | tee "$LOGS/hostcost.log" ;;
     dense) step "the dense suite of model GEMMs against XLA"
            "$PY" benchmarks/bench_dense_suite.py --out "$LOGS" ${DENSE_ARGS:-} 2>&1 | tee "$LOGS/dense.log" | tail -30 ;;
     sharding) step "partitioning on every GPU of this machine (test_gpu_sharding needs two)"

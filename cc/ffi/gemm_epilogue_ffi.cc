@@ -108,7 +108,7 @@ ffi::Error gemm_epilogue_record(RecordContext ctx, PlanState* state, cudaStream_
   GemmProblem problem;
   if (epilogue_problem(*state, a, b, bias, c, *d, &problem).failure())
     return ctx.RequestStreamCapture();  // the traced execute handler reports the error
-  return record_launch(kTarget, ctx, *state, problem, *workspace, stream);
+  return record_launch(kTarget, ctx, *state, problem, *d, *workspace, stream);
 }
 
 auto execute_binding() {

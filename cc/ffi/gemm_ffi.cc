@@ -56,7 +56,7 @@ ffi::Error gemm_record(RecordContext ctx, PlanState* state, cudaStream_t stream,
                        ffi::Result<ffi::AnyBuffer> workspace) {
   GemmProblem problem;
   if (state->error().empty() && dense_problem(state->variant(), a, b, *d, &problem).empty())
-    return record_launch(kGemmTarget, ctx, *state, problem, *workspace, stream);
+    return record_launch(kGemmTarget, ctx, *state, problem, *d, *workspace, stream);
   return ctx.RequestStreamCapture();  // the traced execute handler reports the error
 }
 

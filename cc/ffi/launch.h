@@ -12,6 +12,7 @@
 #include "dispatch/gemm_dispatch.h"
 #include "ffi/buffer_checks.h"
 #include "ffi/plan_state.h"
+#include "kernels/fill.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_cluster {
@@ -37,7 +38,7 @@ inline xla::ffi::Error launch_variant(const char* target, PlanState& state,
   Dispatch dispatch;
   if (std::string err = state.dispatch_on(device_id, &dispatch); !err.empty()) return invalid(err);
   if (poison_output() &&
-      cudaMemsetAsync(d.untyped_data(), 0xFF, d.size_bytes(), stream) != cudaSuccess)
+      fill_or_record(d.untyped_data(), d.size_bytes(), 0xFF, stream) != cudaSuccess)
     return ffi::Error::Internal(std::string(target) + ": poisoning the output failed");
   const VariantEntry& v = *dispatch.variant;
   const VariantOps& ops = v.ops();

@@ -205,7 +205,7 @@ ffi::Error record(const char* target, RecordContext& ctx, PlanState* state, cuda
   if (d.size_bytes() == 0 ||
       ragged_problem(target, *state, a, b, scale_a, scale_b, group_sizes, d, &problem).failure())
     return ctx.RequestStreamCapture();
-  return record_launch(target, ctx, *state, problem, workspace, stream);
+  return record_launch(target, ctx, *state, problem, d, workspace, stream);
 }
 
 ffi::Error ragged_execute(PlanState* state, cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,

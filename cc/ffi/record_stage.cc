@@ -9,6 +9,7 @@
 #include "dispatch/gemm_dispatch.h"
 #include "ffi/buffer_checks.h"
 #include "ffi/kernel_image.h"
+#include "kernels/fill.h"
 #include "kernels/launch_recording.h"
 
 namespace ffi = xla::ffi;
@@ -78,7 +79,7 @@ std::string register_bundle(const char* name, const char* platform,
 }
 
 ffi::Error record_launch(const char* target, RecordContext& ctx, PlanState& state,
-                         const GemmProblem& problem, ffi::AnyBuffer& workspace,
+                         const GemmProblem& problem, ffi::AnyBuffer& d, ffi::AnyBuffer& workspace,
                          cudaStream_t stream) {
   // anything this path cannot describe is traced from the execute handler,
   // which also reports the plan's and the buffers' errors
@@ -89,7 +90,7 @@ ffi::Error record_launch(const char* target, RecordContext& ctx, PlanState& stat
   int device_id = 0;
   Dispatch dispatch;
   if (!state.error().empty() || problem.m == 0 || problem.n == 0 || problem.k == 0 ||
-      problem.batch == 0 || poison_output() || !current_device(&device_id) ||
+      problem.batch == 0 || !current_device(&device_id) ||
       !state.dispatch_on(device_id, &dispatch).empty())
     return capture();
   const VariantEntry& v = *dispatch.variant;
@@ -99,6 +100,9 @@ ffi::Error record_launch(const char* target, RecordContext& ctx, PlanState& stat
   LaunchRecording steps;
   {
     ScopedRecording scope(&steps);
+    if (poison_output() &&
+        fill_or_record(d.untyped_data(), d.size_bytes(), 0xFF, stream) != cudaSuccess)
+      return capture();
     if (const char* err = ops.run(problem, dispatch.choices, dispatch.slots,
                                   workspace.untyped_data(), workspace.size_bytes(), stream))
       return ffi::Error::Internal(std::string(target) + " (" + v.name + "): " + err);
@@ -131,7 +135,7 @@ ffi::Error record_launch(const char* target, RecordContext& ctx, PlanState& stat
                     : XLA_FFI_Dim3{0, 0, 0}};
       auto command = ctx.CreateLaunch(images[i]->name.c_str(), images[i]->cubin,
                                       images[i]->cubin_bytes, ffi::SourceFormat::kCubin, dims,
-                                      s.shared_bytes, s.pdl, args_of(s), after);
+                                      s.shared_bytes, /*uses_pdl=*/false, args_of(s), after);
       if (!command.has_value()) return command.error();
       after.assign(1, command.value());
       created_count.fetch_add(1);

@@ -1,10 +1,14 @@
 // XLA's record stage for our FFI handlers. Inside a command buffer (a CUDA
-// graph) XLA otherwise captures an FFI call's launch into a new graph every
+// graph) XLA otherwise captures an FFI call's launches into a new graph every
 // time the call's buffers move, at about 10 us a call; a record handler adds
-// the kernel node once and, when the buffers move, only updates the node's
-// parameters. The calls it can describe (one sm90a CUTLASS launch, no
-// workspace to initialise) are recorded; any other asks XLA to capture the
-// execute handler as before.
+// the kernel nodes once and, when the buffers move, only updates their
+// parameters. The handler runs the variant with a LaunchRecording active
+// (kernels/launch_recording.h): every sm90 launch path describes its kernel
+// instead of launching it (the poisoning fill, the grouped preparation
+// kernel, the work queue's counter fill, the GEMM or decode kernel), and each
+// becomes a node after the one before. Calls it cannot describe (sm100,
+// CUTLASS's own workspace initialisation, an empty sum) ask XLA to capture
+// the execute handler as before.
 //
 // jax.ffi.register_ffi_target passes no record handler to XLA, so targets
 // with one are registered through the XLA FFI API itself, whose address the
@@ -39,11 +43,11 @@ inline auto bind_record() {
       .Ctx<xla::ffi::PlatformStream<cudaStream_t>>();
 }
 
-// Adds the call's kernel to XLA's command buffer, updates the node's
+// Adds the call's kernels to XLA's command buffer, updates the nodes'
 // parameters, or asks XLA to capture the execute handler instead.
 xla::ffi::Error record_launch(const char* target, RecordContext& ctx, PlanState& state,
-                              const GemmProblem& problem, xla::ffi::AnyBuffer& workspace,
-                              cudaStream_t stream);
+                              const GemmProblem& problem, xla::ffi::AnyBuffer& d,
+                              xla::ffi::AnyBuffer& workspace, cudaStream_t stream);
 
 // How the record stage has answered XLA so far, in this process: commands
 // created, parameter updates, and calls left to XLA's capture.

@@ -24,7 +24,6 @@
 #include "common/gemm_problem.h"
 #include "kernels/epilogue_activation.cuh"
 #include "kernels/launch_recording.h"
-#include "kernels/sm90/sm90_stream_k_scheduler.cuh"
 #include "kernels/sm90/work_queue_counter.cuh"
 
 namespace jax_cluster {
@@ -198,21 +197,19 @@ int occupancy_max_active_clusters(int device_id) {
   return clusters;
 }
 
-// sm90: one launch with the cluster (and, for `pdl`, the programmatic
-// serialization) attribute and no per-launch attribute call, or its
-// description while a LaunchRecording is active. sm100 keeps the adapter's
+// sm90: one launch with the cluster attribute and no per-launch attribute
+// call, or its description while a LaunchRecording is active. sm100 keeps the adapter's
 // own launch (its cluster fallback), which nothing here can run or record.
 template <class Gemm>
-cudaError_t launch_kernel(typename Gemm::GemmKernel::Params& params, bool pdl,
-                          cudaStream_t stream) {
+cudaError_t launch_kernel(typename Gemm::GemmKernel::Params& params, cudaStream_t stream) {
   using Kernel = typename Gemm::GemmKernel;
   if constexpr (Kernel::ArchTag::kMinComputeCapability == 90) {
     using Cluster = typename Kernel::DispatchPolicy::ClusterShape;
     const dim3 cluster(cute::size<0>(Cluster{}), cute::size<1>(Cluster{}),
                        cute::size<2>(Cluster{}));
     return launch_or_record(&cutlass::device_kernel<Kernel>, Gemm::get_grid_shape(params),
-                            Kernel::get_block_shape(), cluster, Kernel::SharedStorageSize, pdl,
-                            stream, params);
+                            Kernel::get_block_shape(), cluster, Kernel::SharedStorageSize, stream,
+                            params);
   } else {
     if (LaunchRecording* recording = active_launch_recording()) {
       recording->refused = true;
@@ -234,13 +231,10 @@ constexpr bool workspace_recordable(size_t workspace_bytes) {
 
 // Checks, initialises the workspace (stream-ordered) and launches one CUTLASS
 // GEMM: the adapter's initialize() and run(), with the function attributes set
-// once. Never synchronises, so it is safe inside CUDA graph capture. `pdl`:
-// the kernel may start before its stream predecessor ends (its own
-// griddepcontrol.wait orders its memory accesses); never with a workspace to
-// initialise first, since the zeroing is no kernel and orders nothing.
+// once. Never synchronises, so it is safe inside CUDA graph capture.
 template <class Gemm>
 const char* initialize_and_run(typename Gemm::Arguments const& args, void* workspace,
-                               cudaStream_t stream, bool pdl = false) {
+                               cudaStream_t stream) {
   using Kernel = typename Gemm::GemmKernel;
   if (Gemm::can_implement(args) != cutlass::Status::kSuccess)
     return "CUTLASS cannot implement this problem (alignment or shape)";
@@ -248,17 +242,15 @@ const char* initialize_and_run(typename Gemm::Arguments const& args, void* works
     cudaGetLastError();
     return "kernel initialisation failed (shared memory or cluster attribute)";
   }
-  const size_t workspace_bytes = Gemm::get_workspace_size(args);
   if (LaunchRecording* recording = active_launch_recording();
-      recording != nullptr && !workspace_recordable<Kernel>(workspace_bytes)) {
+      recording != nullptr && !workspace_recordable<Kernel>(Gemm::get_workspace_size(args))) {
     recording->refused = true;  // CUTLASS's own initialisation: the call is captured
     return nullptr;
   }
   if (Kernel::initialize_workspace(args, workspace, stream, nullptr) != cutlass::Status::kSuccess)
     return "kernel initialisation failed (workspace)";
   typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
-  if (cudaError_t err = launch_kernel<Gemm>(params, pdl && workspace_bytes == 0, stream);
-      err != cudaSuccess) {
+  if (cudaError_t err = launch_kernel<Gemm>(params, stream); err != cudaSuccess) {
     cudaGetLastError();
     return cudaGetErrorString(err);
   }
@@ -307,12 +299,7 @@ struct CutlassUniversalGemm {
   static_assert(Kernel::SharedStorageSize <= 227 * 1024,
                 "variant does not fit in shared memory: lower its stages in variants.json");
   static constexpr bool kHasStreamK =
-      std::is_same_v<TileScheduler, cutlass::gemm::StreamKScheduler> ||
-      std::is_same_v<TileScheduler, sm90::StreamKScheduler>;
-  // Programmatic dependent launch needs every warp that reads global memory
-  // to wait on the predecessor first; the block-scaled mainloop's auxiliary
-  // warp loads the scales without that wait.
-  static constexpr bool kPdlSafe = !Operands::kBlockScaled;
+      std::is_same_v<TileScheduler, cutlass::gemm::StreamKScheduler>;
 
   static typename Gemm::Arguments arguments(const GemmProblem& p, const LaunchChoices& c,
                                             const DeviceSlots& s) {
@@ -376,7 +363,7 @@ struct CutlassUniversalGemm {
     auto args = arguments(p, c, s);
     if (Gemm::get_workspace_size(args) > workspace_bytes)
       return "workspace buffer is smaller than the variant needs";
-    return initialize_and_run<Gemm>(args, workspace, stream, kPdlSafe && pdl_enabled());
+    return initialize_and_run<Gemm>(args, workspace, stream);
   }
 
   static int max_active_clusters(int device_id) {

@@ -21,9 +21,6 @@ struct RecordedStep {
   const void* kernel = nullptr;
   dim3 grid, block, cluster;
   unsigned shared_bytes = 0;
-  // launched with programmatic dependent launch: the kernel waits on its
-  // predecessor itself (griddepcontrol.wait) before touching global memory
-  bool pdl = false;
   int args = 0;
   size_t arg_offset[kMaxArgs] = {}, arg_bytes[kMaxArgs] = {};
 };
@@ -42,13 +39,13 @@ struct LaunchRecording {
   const unsigned char* arg(const RecordedStep& s, int i) const { return bytes + s.arg_offset[i]; }
 
   template <class... Args>
-  void take_kernel(const void* fn, dim3 grid, dim3 block, dim3 cluster, unsigned smem, bool pdl,
+  void take_kernel(const void* fn, dim3 grid, dim3 block, dim3 cluster, unsigned smem,
                    const Args&... args) {
     static_assert(sizeof...(Args) <= RecordedStep::kMaxArgs, "more kernel parameters than kept");
     RecordedStep* s = next();
     if (s == nullptr) return;
     s->kernel = fn, s->grid = grid, s->block = block, s->cluster = cluster;
-    s->shared_bytes = smem, s->pdl = pdl;
+    s->shared_bytes = smem;
     (keep(*s, &args, sizeof(Args)), ...);
   }
 
@@ -77,22 +74,16 @@ struct LaunchRecording {
 // The recording active on this thread, or nullptr.
 LaunchRecording*& active_launch_recording();
 
-// Whether sm90 dense GEMMs launch with programmatic dependent launch. The
-// kernel units are built with CUTLASS's grid dependency control
-// (cmake/kernels.cmake), so each of those kernels waits on its predecessor
-// before touching global memory; JAX_CLUSTER_PDL=0 turns it off. Read once.
-bool pdl_enabled();
-
 // Launches `kernel` on `stream` (a cluster launch when `cluster` has more than
-// one CTA; with programmatic dependent launch when `pdl`), or records it.
+// one CTA), or records it.
 template <class... Params, class... Args>
 cudaError_t launch_or_record(void (*kernel)(Params...), dim3 grid, dim3 block, dim3 cluster,
-                             unsigned smem, bool pdl, cudaStream_t stream, const Args&... args) {
+                             unsigned smem, cudaStream_t stream, const Args&... args) {
   static_assert(sizeof...(Params) == sizeof...(Args), "one argument per kernel parameter");
   const void* fn = reinterpret_cast<const void*>(kernel);
   if (LaunchRecording* r = active_launch_recording()) {
     // each argument converted to its parameter's type first, as a launch would
-    std::apply([&](const auto&... p) { r->take_kernel(fn, grid, block, cluster, smem, pdl, p...); },
+    std::apply([&](const auto&... p) { r->take_kernel(fn, grid, block, cluster, smem, p...); },
                std::tuple<Params...>(args...));
     return cudaSuccess;
   }
@@ -104,27 +95,18 @@ cudaError_t launch_or_record(void (*kernel)(Params...), dim3 grid, dim3 block, d
         ((pointers[i++] = &p), ...);
       },
       values);
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  if (cluster.x * cluster.y * cluster.z > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = cluster.x;
-    attr[n].val.clusterDim.y = cluster.y;
-    attr[n].val.clusterDim.z = cluster.z;
-    ++n;
-  }
-  if (pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster.x;
+  attr[0].val.clusterDim.y = cluster.y;
+  attr[0].val.clusterDim.z = cluster.z;
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = attr;
-  config.numAttrs = n;
+  config.numAttrs = cluster.x * cluster.y * cluster.z > 1 ? 1 : 0;
   return cudaLaunchKernelExC(&config, fn, pointers);
 }
 

@@ -103,9 +103,9 @@ struct RaggedWorkspace {
     const void* scale_b = p.mx_scale_b != nullptr ? p.mx_scale_b : p.scale_b;
     cudaError_t err = launch_or_record(
         &prepare_ragged_groups<Problem, Operands, Arrays, StrideA, StrideB, StrideD>, dim3(blocks),
-        dim3(kRaggedPrepThreads), dim3(1, 1, 1), 0, /*pdl=*/false, stream, p.group_sizes, p.batch,
-        rows, p.m, p.n, p.k, p.a, p.b, p.d, arrays, stride_a, stride_b, stride_d, cluster_tile_m,
-        tiles_n, int64_t(p.n) * sizeof(ElementD), scale_a, scale_b);
+        dim3(kRaggedPrepThreads), dim3(1, 1, 1), 0, stream, p.group_sizes, p.batch, rows, p.m, p.n,
+        p.k, p.a, p.b, p.d, arrays, stride_a, stride_b, stride_d, cluster_tile_m, tiles_n,
+        int64_t(p.n) * sizeof(ElementD), scale_a, scale_b);
     if (err != cudaSuccess) cudaGetLastError();
     return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
   }

@@ -249,11 +249,6 @@ class DynamicTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
     return cute::make_tuple(WorkTileInfo::invalid_work_tile(), true);
   }
 
-  // Asked, with grid dependency control built in, whether a tile is the
-  // CTA's last so the next kernel may launch early; a queue cannot know in
-  // advance, so the kernel's exit is the signal.
-  CUTLASS_DEVICE bool is_last_tile(WorkTileInfo&, uint32_t = 1) const { return false; }
-
  private:
   // This CTA's tile of cluster tile `index` in the walk.
   CUTLASS_DEVICE WorkTileInfo work_for(uint64_t index) const {

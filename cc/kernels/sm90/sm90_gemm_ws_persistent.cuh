@@ -13,8 +13,8 @@
 // Sharing: a (CM x CN) cluster multicasts B tiles to the CTAs along M and A
 //   tiles to the CTAs along N through TMA; pipeline barriers are cluster-scoped.
 // Scheduling: persistent grid of the Plan's resident clusters. Cooperative
-//   kernels use CUTLASS's stream-K scheduler (sm90_stream_k_scheduler.cuh), which runs
-//   data-parallel (static, swizzled raster), split-K or stream-K as the Plan says;
+//   kernels use CUTLASS's stream-K scheduler, which runs data-parallel
+//   (static, swizzled raster), split-K or stream-K as the Plan says;
 //   cooperative-dynamic kernels take tiles from a global work queue
 //   (sm90_dynamic_tile_scheduler.cuh); ping-pong kernels are static only.
 // Block-scaled rows: A [M,K] and B [N,K] in fp8 (both K-major, as fp8 wgmma
@@ -23,14 +23,13 @@
 
 #include "kernels/cutlass_universal_gemm.cuh"
 #include "kernels/sm90/sm90_dynamic_tile_scheduler.cuh"
-#include "kernels/sm90/sm90_stream_k_scheduler.cuh"
 
 namespace jax_cluster::sm90 {
 
 struct Cooperative {
   using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
   using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
-  using Scheduler = StreamKScheduler;
+  using Scheduler = cutlass::gemm::StreamKScheduler;
   using Operands = PlainOperands;
 };
 

@@ -359,8 +359,7 @@ struct RaggedDecode {
     const int64_t chunks = int64_t(p.m) / TileM + std::min(p.batch, p.m) + 1;
     const int64_t clusters = std::min<int64_t>(chunks * args.tiles_n, s.max_active_clusters);
     if (launch_or_record(kernel, dim3(static_cast<unsigned>(clusters * ClusterM)), dim3(kThreads),
-                         dim3(ClusterM, 1, 1), kDynamicSmem, /*pdl=*/false, stream,
-                         args) != cudaSuccess) {
+                         dim3(ClusterM, 1, 1), kDynamicSmem, stream, args) != cudaSuccess) {
       cudaGetLastError();
       return "the decode kernel failed to launch";
     }

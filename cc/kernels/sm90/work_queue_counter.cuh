@@ -9,7 +9,7 @@
 #include <cutlass/cutlass.h>
 #include <cutlass/kernel_hardware_info.h>
 
-#include "kernels/zero_fill.h"
+#include "kernels/fill.h"
 
 namespace jax_cluster::sm90 {
 
@@ -40,7 +40,7 @@ struct WorkQueueCounter {
                                               cutlass::KernelHardwareInfo const&, uint32_t,
                                               uint32_t = 1, uint32_t = 1,
                                               cutlass::CudaHostAdapter* = nullptr) {
-    return zero_or_record(workspace, sizeof(uint32_t), stream) == cudaSuccess
+    return fill_or_record(workspace, sizeof(uint32_t), 0, stream) == cudaSuccess
                ? cutlass::Status::kSuccess
                : cutlass::Status::kErrorInternal;
   }
