@@ -20,6 +20,7 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <cutlass/gemm/kernel/tile_scheduler.hpp>
 #include <cutlass/util/packed_stride.hpp>
+#include <cutlass/workspace.h>
 
 #include "common/gemm_problem.h"
 #include "kernels/epilogue_activation.cuh"
@@ -221,12 +222,15 @@ cudaError_t launch_kernel(typename Gemm::GemmKernel::Params& params, cudaStream_
 }
 
 // Whether a launch's workspace initialisation goes through our hooks only: no
-// workspace, or just the work queue's counter.
+// workspace, or just the work queue's counter (which CUTLASS rounds up to its
+// workspace alignment, as it does the epilogue's part, so a nonzero epilogue
+// workspace would show as a second unit).
 template <class Kernel>
 constexpr bool workspace_recordable(size_t workspace_bytes) {
+  constexpr size_t kUnit = cutlass::MinWorkspaceAlignment;
   return workspace_bytes == 0 ||
          (std::is_base_of_v<sm90::WorkQueueCounter, typename Kernel::TileScheduler> &&
-          workspace_bytes == sizeof(uint32_t));
+          workspace_bytes <= (sizeof(uint32_t) + kUnit - 1) / kUnit * kUnit);
 }
 
 // Checks, initialises the workspace (stream-ordered) and launches one CUTLASS
