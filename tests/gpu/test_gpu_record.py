@@ -3,7 +3,7 @@ JAX_CLUSTER_RECORD=0 captures them instead), each family in a process of its
 own since the mode is read once: a jit of chained calls against a float32
 reference, executed on fresh inputs each time so XLA moves the buffers and
 updates the recorded nodes' parameters rather than re-creating them. The
-record stage's counters show that the calls were recorded, not captured."""
+record stage's counters show which calls were recorded and which captured."""
 
 import json
 import os
@@ -145,12 +145,20 @@ def run_case(name: str, record: str) -> dict:
     return result
 
 
+# Grouped GEMMs are left to XLA's capture: CUTLASS's ptr-array kernels carry
+# tensor-map workspaces beside the work queue's counter, which the record
+# stage's workspace rule does not admit yet.
+CAPTURED = {"ragged_grouped", "ragged_grad"}
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_recorded_calls_match_the_reference_as_their_buffers_move(name):
     got = run_case(name, "1")
     assert got["worst"] < 2e-2, got
-    # every call of the family was recorded: nodes created once, then updated
-    assert got["created"] > 0 and got["updated"] > 0 and got["captured"] == 0, got
+    if name in CAPTURED:
+        assert got["created"] == 0 and got["captured"] > 0, got
+    else:  # every call of the family was recorded: nodes created once, then updated
+        assert got["created"] > 0 and got["updated"] > 0 and got["captured"] == 0, got
 
 
 def test_captured_calls_still_match_when_recording_is_off():
