@@ -9,6 +9,7 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include <cuda_runtime_api.h>
 
@@ -111,14 +112,16 @@ ffi::Error gemm_epilogue_record(RecordContext ctx, PlanState* state, cudaStream_
   return record_launch(kTarget, ctx, *state, problem, *d, *workspace, stream);
 }
 
-auto execute_binding() {
-  return bind_execute()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Ret<ffi::AnyBuffer>()
-      .Ret<ffi::AnyBuffer>();
+// The call's buffers (A, B, bias, C; D and the workspace), after either stage's contexts.
+template <class Binding>
+auto with_buffers(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>();
 }
 
 }  // namespace
@@ -129,18 +132,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmEpilogueInstantiate, gemm_epilogue_instantiate
                                   .Attr<float>("alpha")
                                   .Attr<float>("beta")
                                   .Attr<int32_t>("activation"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmEpilogueExecute, gemm_epilogue_execute, execute_binding(),
-                              {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmEpilogueExecute, gemm_epilogue_execute,
+                              with_buffers(bind_execute()), {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmEpilogueExecuteOutsideGraphs, gemm_epilogue_execute,
-                              execute_binding());
+                              with_buffers(bind_execute()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmEpilogueRecord, gemm_epilogue_record,
-                              bind_record()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
+                              with_buffers(bind_record()));
 
 HandlerBundle gemm_epilogue_ffi_handlers() {
   return {GemmEpilogueInstantiate, GemmEpilogueExecute, GemmEpilogueExecuteOutsideGraphs,

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include <cuda_runtime_api.h>
 
@@ -43,12 +44,14 @@ ffi::Error gemm_execute(PlanState* state, cudaStream_t stream, ffi::AnyBuffer a,
   return launch_variant(kGemmTarget, *state, problem, *d, *workspace, stream);
 }
 
-auto execute_binding() {
-  return bind_execute()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Ret<ffi::AnyBuffer>()
-      .Ret<ffi::AnyBuffer>();
+// The call's buffers (A, B; D and the workspace), after either stage's contexts.
+template <class Binding>
+auto with_buffers(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>();
 }
 
 ffi::Error gemm_record(RecordContext ctx, PlanState* state, cudaStream_t stream, ffi::AnyBuffer a,
@@ -64,15 +67,10 @@ ffi::Error gemm_record(RecordContext ctx, PlanState* state, cudaStream_t stream,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmInstantiate, gemm_instantiate,
                               ffi::Ffi::BindInstantiate().Attr<Plan>("plan"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmExecute, gemm_execute, execute_binding(),
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmExecute, gemm_execute, with_buffers(bind_execute()),
                               {ffi::Traits::kCmdBufferCompatible});
-XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmExecuteOutsideGraphs, gemm_execute, execute_binding());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmRecord, gemm_record,
-                              bind_record()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmExecuteOutsideGraphs, gemm_execute, with_buffers(bind_execute()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmRecord, gemm_record, with_buffers(bind_record()));
 
 HandlerBundle gemm_ffi_handlers() {
   return {GemmInstantiate, GemmExecute, GemmExecuteOutsideGraphs, GemmRecord};

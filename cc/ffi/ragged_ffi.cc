@@ -239,62 +239,44 @@ ffi::Error scaled_ragged_record(RecordContext ctx, PlanState* state, cudaStream_
                 *d, *workspace);
 }
 
-auto execute_binding() {
-  return bind_execute()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::Buffer<ffi::S32>>()
-      .Ret<ffi::AnyBuffer>()
-      .Ret<ffi::AnyBuffer>();
+// Each target's buffers (A, B[, scale_a, scale_b], group sizes; D and the
+// workspace), after either stage's contexts.
+template <class Binding>
+auto with_buffers(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::Buffer<ffi::S32>>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>();
 }
 
-auto scaled_execute_binding() {
-  return bind_execute()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::Buffer<ffi::S32>>()
-      .Ret<ffi::AnyBuffer>()
-      .Ret<ffi::AnyBuffer>();
-}
-
-auto record_binding() {
-  return bind_record()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::Buffer<ffi::S32>>()
-      .Ret<ffi::AnyBuffer>()
-      .Ret<ffi::AnyBuffer>();
-}
-
-auto scaled_record_binding() {
-  return bind_record()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::Buffer<ffi::S32>>()
-      .Ret<ffi::AnyBuffer>()
-      .Ret<ffi::AnyBuffer>();
+// A, B, scale_a and scale_b are four AnyBuffers before the group sizes.
+template <class Binding>
+auto with_scaled_buffers(Binding binding) {
+  return with_buffers(
+      std::move(binding).template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>());
 }
 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedInstantiate, ragged_instantiate,
                               ffi::Ffi::BindInstantiate().Attr<Plan>("plan"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedExecute, ragged_execute, execute_binding(),
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedExecute, ragged_execute, with_buffers(bind_execute()),
                               {ffi::Traits::kCmdBufferCompatible});
-XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedExecuteOutsideGraphs, ragged_execute, execute_binding());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedRecord, ragged_record, record_binding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedExecuteOutsideGraphs, ragged_execute,
+                              with_buffers(bind_execute()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedRecord, ragged_record, with_buffers(bind_record()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaledRaggedInstantiate, scaled_ragged_instantiate,
                               ffi::Ffi::BindInstantiate().Attr<Plan>("plan"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaledRaggedExecute, scaled_ragged_execute, scaled_execute_binding(),
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaledRaggedExecute, scaled_ragged_execute,
+                              with_scaled_buffers(bind_execute()),
                               {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaledRaggedExecuteOutsideGraphs, scaled_ragged_execute,
-                              scaled_execute_binding());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaledRaggedRecord, scaled_ragged_record, scaled_record_binding());
+                              with_scaled_buffers(bind_execute()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaledRaggedRecord, scaled_ragged_record,
+                              with_scaled_buffers(bind_record()));
 
 HandlerBundle ragged_ffi_handlers() {
   return {RaggedInstantiate, RaggedExecute, RaggedExecuteOutsideGraphs, RaggedRecord};

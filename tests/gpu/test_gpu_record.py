@@ -47,6 +47,28 @@ def reference(a, b):
 shapes = [(n, n), (n, n)]
 """
 
+# Grouped rows with an empty group, a one-row group and rows past the last group.
+GROUPED = """
+m, k, g = 4096, 1024, 8
+sizes = jnp.array([700, 0, 1200, 300, 900, 1, 500, 400], jnp.int32)
+"""
+
+# A chain of ragged_m products with square experts, after `m, k, g, sizes`.
+RAGGED = """
+plan = jax_cluster.plan_ragged(m, k, k, g, problem="ragged_m", dtype=jnp.bfloat16)
+variant = plan.variant
+def chain(x, w):
+    for _ in range(6):
+        x = jax_cluster.ragged_dot(x, w, sizes, plan=plan)
+    return x
+def reference(x, w):
+    x, w = x.astype(jnp.float32), w.astype(jnp.float32)
+    for _ in range(6):
+        x = jax.lax.ragged_dot(x, w, sizes).astype(jnp.bfloat16).astype(jnp.float32)
+    return x
+shapes = [(m, k), (g, k, k)]
+"""
+
 # Each case: a jit of 6 chained calls (XLA builds command buffers from a few
 # commands on), its float32 reference, and the variant the planner picks.
 CASES = {
@@ -73,26 +95,10 @@ def reference(x, w, b):
 shapes = [(512, n), (n, n), (1, n)]
 """,
     # grouped: the preparation kernel, the zeroed counter, the grouped GEMM
-    "ragged_grouped": """
-m, k, g = 4096, 1024, 8
-sizes = jnp.array([700, 0, 1200, 300, 900, 1, 500, 400], jnp.int32)
-plan = jax_cluster.plan_ragged(m, k, k, g, problem="ragged_m", dtype=jnp.bfloat16)
-variant = plan.variant
-def chain(x, w):
-    for _ in range(6):
-        x = jax_cluster.ragged_dot(x, w, sizes, plan=plan)
-    return x
-def reference(x, w):
-    x, w = x.astype(jnp.float32), w.astype(jnp.float32)
-    for _ in range(6):
-        x = jax.lax.ragged_dot(x, w, sizes).astype(jnp.bfloat16).astype(jnp.float32)
-    return x
-shapes = [(m, k), (g, k, k)]
-""",
+    "ragged_grouped": GROUPED + RAGGED,
     # the weight gradient (ragged_k) and the input gradient, through autodiff
-    "ragged_grad": """
-m, k, g = 4096, 1024, 8
-sizes = jnp.array([700, 0, 1200, 300, 900, 1, 500, 400], jnp.int32)
+    "ragged_grad": GROUPED
+    + """
 variant = "the planner's, for each gradient"
 def loss(w, x, op):
     for _ in range(3):
@@ -105,23 +111,12 @@ def reference(x, w):
     return jax.grad(loss)(w.astype(jnp.float32), x, op)
 shapes = [(m, k), (g, k, k)]
 """,
-    # decode: a few rows a group, the cluster-of-8 decode kernel
+    # decode: a few rows a group, on the CUDA-core decode kernel
     "ragged_decode": """
 m, k, g = 8, 2048, 8
 sizes = jnp.array([2, 0, 1, 1, 3, 0, 1, 0], jnp.int32)
-plan = jax_cluster.plan_ragged(m, k, k, g, problem="ragged_m", dtype=jnp.bfloat16)
-variant = plan.variant
-def chain(x, w):
-    for _ in range(6):
-        x = jax_cluster.ragged_dot(x, w, sizes, plan=plan)
-    return x
-def reference(x, w):
-    x, w = x.astype(jnp.float32), w.astype(jnp.float32)
-    for _ in range(6):
-        x = jax.lax.ragged_dot(x, w, sizes).astype(jnp.bfloat16).astype(jnp.float32)
-    return x
-shapes = [(m, k), (g, k, k)]
-""",
+"""
+    + RAGGED,
 }
 
 RUN = """
