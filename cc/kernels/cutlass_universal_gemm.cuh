@@ -221,16 +221,35 @@ cudaError_t launch_kernel(typename Gemm::GemmKernel::Params& params, cudaStream_
   }
 }
 
-// Whether a launch's workspace initialisation goes through our hooks only: no
-// workspace, or just the work queue's counter (which CUTLASS rounds up to its
-// workspace alignment, as it does the epilogue's part, so a nonzero epilogue
-// workspace would show as a second unit).
+// CUTLASS's grouped (pointer-array) kernels; others have no such member.
+template <class Kernel, class = void>
+struct IsPointerArrayKernel : std::false_type {};
 template <class Kernel>
-constexpr bool workspace_recordable(size_t workspace_bytes) {
-  constexpr size_t kUnit = cutlass::MinWorkspaceAlignment;
-  return workspace_bytes == 0 ||
-         (std::is_base_of_v<sm90::WorkQueueCounter, typename Kernel::TileScheduler> &&
-          workspace_bytes <= (sizeof(uint32_t) + kUnit - 1) / kUnit * kUnit);
+struct IsPointerArrayKernel<Kernel, std::void_t<decltype(Kernel::IsGroupedGemmKernel)>>
+    : std::bool_constant<Kernel::IsGroupedGemmKernel> {};
+
+// Whether a launch's workspace initialisation goes through our hooks only.
+// Dense kernels: no workspace, or just the work queue's counter (which CUTLASS
+// rounds up to its workspace alignment, as it does the epilogue's part, so a
+// nonzero epilogue workspace would show as a second unit). sm90 pointer-array
+// kernels also keep per-SM copies of their TMA descriptors there, which the
+// kernel writes from its Params before its first tile (the array mainloops'
+// and epilogue's host-side initialisation does nothing); they are recordable
+// when the epilogue's fusion keeps no workspace and the scheduler's part is
+// the counter.
+template <class Kernel>
+bool workspace_recordable(typename Kernel::Arguments const& args) {
+  constexpr bool counter =
+      std::is_base_of_v<sm90::WorkQueueCounter, typename Kernel::TileScheduler>;
+  if constexpr (IsPointerArrayKernel<Kernel>::value &&
+                Kernel::ArchTag::kMinComputeCapability == 90) {
+    using Fusion = typename Kernel::CollectiveEpilogue::FusionCallbacks;
+    return counter && Fusion::get_workspace_size(args.problem_shape, args.epilogue.thread) == 0;
+  } else {
+    constexpr size_t kUnit = cutlass::MinWorkspaceAlignment;
+    const size_t bytes = Kernel::get_workspace_size(args);
+    return bytes == 0 || (counter && bytes <= (sizeof(uint32_t) + kUnit - 1) / kUnit * kUnit);
+  }
 }
 
 // Checks, initialises the workspace (stream-ordered) and launches one CUTLASS
@@ -247,7 +266,7 @@ const char* initialize_and_run(typename Gemm::Arguments const& args, void* works
     return "kernel initialisation failed (shared memory or cluster attribute)";
   }
   if (LaunchRecording* recording = active_launch_recording();
-      recording != nullptr && !workspace_recordable<Kernel>(Gemm::get_workspace_size(args))) {
+      recording != nullptr && !workspace_recordable<Kernel>(args)) {
     recording->refused = true;  // CUTLASS's own initialisation: the call is captured
     return nullptr;
   }

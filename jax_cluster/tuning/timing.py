@@ -30,6 +30,22 @@ def _warm(rotated, args_list, runs: int) -> None:
         jax.block_until_ready(rotated(args_list))
 
 
+def iterations_that_fit(out_bytes: int, memory_stats: dict | None, iterations: int) -> int:
+    """How many iterations one CUPTI measurement can hold the outputs of in
+    half the device's free memory (a large MoE layer's weight gradients take
+    tens of GiB a call); all of them where the device does not say."""
+    if not out_bytes or not memory_stats or "bytes_limit" not in memory_stats:
+        return iterations
+    free = memory_stats["bytes_limit"] - memory_stats.get("bytes_in_use", 0)
+    return max(1, min(iterations, free // 2 // out_bytes))
+
+
+def _output_bytes_and_memory(rotated, args_list):
+    out_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(jax.eval_shape(rotated, args_list)))
+    arrays = [a for a in jax.tree.leaves(args_list) if isinstance(a, jax.Array)]
+    return out_bytes, (next(iter(arrays[0].devices())).memory_stats() if arrays else None)
+
+
 def cupti_ms(fn, args_list, iterations: int = 10, warmup: int = 0) -> float:
     """Median kernel time of one call of `fn`, from CUPTI activity records.
 
@@ -48,10 +64,15 @@ def cupti_kernels(fn, args_list, iterations: int = 10, warmup: int = 0):
 
     rotated = _rotated(fn)
     _warm(rotated, args_list, warmup)
-    _, runs = profiler.measure(rotated, aggregate=False, iterations=iterations)(args_list)
-    if not runs:
-        raise RuntimeError("CUPTI recorded no kernel launches")
-    runs = [runs] if iterations == 1 else runs
+    runs, left = [], iterations
+    batch = iterations_that_fit(*_output_bytes_and_memory(rotated, args_list), iterations)
+    while left:  # profiler.measure keeps every iteration's outputs until it returns
+        n = min(batch, left)
+        _, got = profiler.measure(rotated, aggregate=False, iterations=n)(args_list)
+        if not got:
+            raise RuntimeError("CUPTI recorded no kernel launches")
+        runs += [got] if n == 1 else got
+        left -= n
     sets = len(args_list)
     per_name: dict[str, list[float]] = {}
     for run in runs:

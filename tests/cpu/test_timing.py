@@ -46,3 +46,31 @@ def test_span_is_per_call_over_one_sync(monkeypatch):
     monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
     x = jnp.ones(4)
     assert timing.span_ms(lambda v: v + 1, [(x,), (x,)], calls=10) == pytest.approx(2000.0)
+
+
+def test_iterations_are_batched_to_what_the_device_can_hold():
+    gib = 1 << 30
+    stats = {"bytes_limit": 140 * gib, "bytes_in_use": 60 * gib}
+    # 80 GiB free: half of it holds one 22 GiB output, not ten
+    assert timing.iterations_that_fit(22 * gib, stats, 10) == 1
+    assert timing.iterations_that_fit(1 * gib, stats, 10) == 10
+    assert timing.iterations_that_fit(9 * gib, stats, 10) == 4
+    assert timing.iterations_that_fit(22 * gib, None, 10) == 10  # a device that does not say
+    assert timing.iterations_that_fit(0, stats, 10) == 10
+
+
+def test_a_batched_measurement_keeps_every_run(monkeypatch):
+    profiler = pytest.importorskip("jax.experimental.mosaic.gpu.profiler")
+    calls = []
+
+    def measure(fn, *, aggregate, iterations):
+        calls.append(iterations)
+        one = [("gemm", float(len(calls)))]
+        return lambda args_list: (None, one if iterations == 1 else [one] * iterations)
+
+    monkeypatch.setattr(profiler, "measure", measure)
+    monkeypatch.setattr(timing, "_warm", lambda *a: None)
+    monkeypatch.setattr(timing, "iterations_that_fit", lambda out_bytes, stats, iterations: 2)
+    call_ms, _ = timing.cupti_kernels(lambda x: x, [(1,)], iterations=5)
+    assert calls == [2, 2, 1]
+    assert call_ms == pytest.approx(2.0)  # runs 1, 1, 2, 2, 3
