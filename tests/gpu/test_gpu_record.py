@@ -112,24 +112,27 @@ def reference(x, w):
 shapes = [(m, k), (g, k, k)]
 """,
     # block-scaled fp8 (the planner's grouped row), summed over six calls on
-    # other experts' weights: a chain that requantized its own outputs would
-    # drift from the reference through rounding flips alone
+    # other experts' weights. The inputs are e4m3 values whose every block
+    # peaks at 448 (scale 1), so quantizing them is exact however XLA fuses it.
     "ragged_fp8": GROUPED
     + """
 variant = "the planner's"
+def exact(t):
+    t = jnp.clip(t.astype(jnp.float32) * 2000, -448, 448).astype(jnp.float8_e4m3fn).astype(jnp.float32)
+    return t.at[..., ::128].set(448.0)
 experts = lambda w, j: jnp.roll(w, j, axis=0)
 def chain(x, w):
+    x, w = exact(x), exact(w)
     qx, total = jax_cluster.quantize(x), 0.0
     for j in range(6):
         qw = jax_cluster.quantize(experts(w, j), block=(128, 128))
         total = total + jax_cluster.ragged_dot(qx, qw, sizes).astype(jnp.float32)
     return total
 def reference(x, w):
-    dq = lambda t, **block: jax_cluster.dequantize(jax_cluster.quantize(t, **block))
+    x, w = exact(x), exact(w)
     total = 0.0
     for j in range(6):
-        y = jax.lax.ragged_dot(dq(x), dq(experts(w, j), block=(128, 128)), sizes)
-        total = total + y.astype(jnp.bfloat16).astype(jnp.float32)
+        total = total + jax.lax.ragged_dot(x, experts(w, j), sizes).astype(jnp.bfloat16).astype(jnp.float32)
     return total
 shapes = [(m, k), (g, k, k)]
 """,
