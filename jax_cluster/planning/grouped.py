@@ -20,7 +20,7 @@ of theirs takes any other call unless pinned.
 
 from __future__ import annotations
 
-from jax_cluster.planning import cost_model, tables
+from jax_cluster.planning import cost_model, routing, tables
 from jax_cluster.planning.call import Call
 from jax_cluster.planning.candidates import (
     NO_RESIDENT_CANDIDATE,
@@ -37,7 +37,8 @@ from jax_cluster.planning.plan import Plan, dtype_name
 
 RAGGED_PROBLEMS = ("ragged_m", "ragged_k")
 DEFAULT_A_MAJOR = {"ragged_m": "k", "ragged_k": "m"}
-OVERRIDABLE = ("variant", "tile", "cluster")
+OVERRIDABLE = ("variant", "tile", "cluster", "route")
+PINNING = frozenset(OVERRIDABLE) - {"route"}
 
 
 def _schedule(v: tables.Variant) -> str:
@@ -66,10 +67,16 @@ def plan_ragged(
     is G. `overrides` pins variant, tile=(m,n,k) or cluster=(m,n); path="xla"
     forces the fallback. Grouped kernels schedule dynamically: sm90a through a
     work queue ("dynamic"), sm100a through Cluster Launch Control ("clc").
+    Unpinned calls small enough that XLA's ragged_dot measured faster run on
+    XLA's path (routing.py); route="kernel" (or JAX_CLUSTER_ROUTE=kernel)
+    keeps the kernel.
     """
     if problem not in RAGGED_PROBLEMS:
         raise ValueError(f"plan_ragged(): problem must be one of {RAGGED_PROBLEMS}, got {problem!r}")
     check_overrides(overrides, OVERRIDABLE, "plan_ragged()")
+    route = overrides.pop("route", None) or routing.default_route()
+    if route not in routing.ROUTES:
+        raise ValueError(f"plan_ragged(): route must be one of {routing.ROUTES}, got {route!r}")
     a_major = a_major or DEFAULT_A_MAJOR[problem]
     dev = describe(device)
     out = dtype_name(out_dtype if out_dtype is not None else dtype)
@@ -80,6 +87,10 @@ def plan_ragged(
     rows, why = menu_rows(dev, call, overrides, "plan_ragged()")
     if why:
         return xla_plan(base, why)
+    if route == "measured" and call.dtype not in tables.BLOCK_SCALED_DTYPES and not PINNING & set(overrides):
+        why = routing.xla_ragged_is_faster(call, dev)
+        if why:
+            return xla_plan(base, why)
     if groups > tables.DECODE_MAX_GROUPS:  # a decode CTA keeps every group's rows in shared memory
         decode = [v.name for v in rows if v.kind == "decode"]
         rows = [v for v in rows if v.kind != "decode"]

@@ -1,4 +1,5 @@
-"""Measured routing of dense GEMMs between the kernel and XLA's dot.
+"""Measured routing of dense GEMMs between the kernel and XLA's dot, and of
+grouped GEMMs between the grouped kernel and XLA's ragged_dot.
 
 cuBLAS is near the card's power-limited ceiling on large compute-bound GEMMs,
 where our kernels trail it by a few per cent; they win on small problems and
@@ -8,6 +9,14 @@ window of contraction lengths (log2 K) where the kernel measured faster than
 XLA's dot. It is fitted by `benchmarks/fit_routing.py` on part of the dense
 suite (`benchmarks/bench_dense_suite.py`) and checked on model families it
 never saw. A device or layout without an entry keeps the kernel.
+
+XLA runs a grouped product as a dense expansion: every row against every
+group's weights (G times the dense product's FLOPs, and all G weights read).
+That is cheap for small layers, where the grouped kernel's fixed costs (its
+preparation kernel, counter and a persistent grid) dominate. Per device,
+`routing.json` holds the modelled expansion time (`expansion_seconds`)
+under which XLA's ragged_dot measured faster, fitted by
+`benchmarks/bench_ragged_routing.py --fit` on part of its rows.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import math
 import os
 import pathlib
 
+from jax_cluster.planning import cost_model, tables
 from jax_cluster.planning.call import Call
 from jax_cluster.planning.device import DeviceInfo
 
@@ -55,11 +65,19 @@ class Rule:
 
 
 @dataclasses.dataclass(frozen=True)
+class GroupedRule:
+    # XLA's ragged_dot runs calls whose modelled dense expansion takes less
+    xla_below_seconds: float
+    evidence: str
+
+
+@dataclasses.dataclass(frozen=True)
 class DeviceRules:
     name: str  # a substring of the device's name ("H200")
     compute_capability: tuple[int, int]
     evidence: str  # what was measured, when, at which commit
     rules: tuple[Rule, ...]
+    grouped: GroupedRule | None = None
 
 
 def default_route() -> str:
@@ -77,6 +95,7 @@ def parse(table: dict) -> tuple[DeviceRules, ...]:
             tuple(d["compute_capability"]),
             d["evidence"],
             tuple(Rule(r["layout"], r["memory_bound"], *r["kernel_log2_k"]) for r in d["rules"]),
+            GroupedRule(d["grouped"]["xla_below_us"] * 1e-6, d["grouped"]["evidence"]) if "grouped" in d else None,
         )
         for d in table["devices"]
     )
@@ -111,4 +130,38 @@ def xla_is_faster(call: Call, memory_bound: bool, dev: DeviceInfo, table=None) -
     return (
         f"XLA's dot is expected faster: on {entry.name} the kernel measured behind it for {bound} "
         f"{layout} GEMMs at K = {call.k} ({won}; {entry.evidence}); route='kernel' keeps the kernel"
+    )
+
+
+def expansion_seconds(call: Call, dev: DeviceInfo) -> float | None:
+    """The modelled time of XLA's dense expansion of a grouped call: G times
+    the dense product's FLOPs at the device's peak, or its bytes (all G
+    weights for ragged_m, G outputs for ragged_k) at its bandwidth, whichever
+    is longer; None where the device has no model."""
+    edge = cost_model.ridge(dev, call.dtype)
+    if edge is None:
+        return None
+    _, peak, bandwidth = edge
+    m, n, k, groups = call.m, call.n, call.k, call.count
+    size_in, size_out = (tables.DTYPE_BYTES.get(d, 2) for d in (call.dtype, call.out_dtype))
+    if call.problem == "ragged_m":
+        moved = (m * k + groups * k * n) * size_in + m * n * size_out
+    else:
+        moved = (m * k + k * n) * size_in + groups * m * n * size_out
+    return max(2.0 * groups * m * n * k / peak, moved / bandwidth)
+
+
+def xla_ragged_is_faster(call: Call, dev: DeviceInfo, table=None) -> str:
+    """Why XLA's ragged_dot should run a grouped `call` instead of the
+    grouped kernel, or "" to keep the kernel."""
+    entry = rules_for(dev, table)
+    if entry is None or entry.grouped is None:
+        return ""
+    seconds = expansion_seconds(call, dev)
+    if seconds is None or seconds >= entry.grouped.xla_below_seconds:
+        return ""
+    return (
+        f"XLA's ragged_dot is expected faster: its dense expansion of this call ({call.count} groups) models at "
+        f"{seconds * 1e6:.2f} us, under the {entry.grouped.xla_below_seconds * 1e6:g} us below which it measured "
+        f"faster than the grouped kernel on {entry.name} ({entry.grouped.evidence}); route='kernel' keeps the kernel"
     )

@@ -1,0 +1,78 @@
+"""The measured routing of grouped products between the grouped kernel and
+XLA's ragged_dot, on described devices: the model of XLA's dense expansion,
+the rule, and the fit of its threshold."""
+
+import importlib.util
+import pathlib
+
+import pytest
+
+from jax_cluster.planning import routing
+from jax_cluster.planning.call import Call
+from jax_cluster.planning.device import DeviceInfo
+
+H200 = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132, 232448, 60 << 20)
+BENCH = pathlib.Path(__file__).parents[2] / "benchmarks" / "bench_ragged_routing.py"
+
+
+def table(threshold_us):
+    return routing.parse(
+        {
+            "devices": [
+                {
+                    "name": "H200",
+                    "compute_capability": [9, 0],
+                    "evidence": "a test table",
+                    "rules": [],
+                    "grouped": {"xla_below_us": threshold_us, "evidence": "a test sweep"},
+                }
+            ]
+        }
+    )
+
+
+def test_the_expansion_is_every_group_times_the_dense_product():
+    _, peak, bandwidth = routing.cost_model.ridge(H200, "bf16")
+    # compute-bound: 64 groups of a 4096 x 4096 x 4096 product
+    big = Call("ragged_m", 4096, 4096, 4096, 64, "k", "n", "bf16", "bf16")
+    assert routing.expansion_seconds(big, H200) == pytest.approx(2 * 64 * 4096**3 / peak)
+    # memory-bound: one row against 8 experts' weights, all of which XLA reads
+    decode = Call("ragged_m", 1, 14336, 4096, 8, "k", "n", "bf16", "bf16")
+    moved = (4096 + 8 * 4096 * 14336) * 2 + 14336 * 2
+    assert routing.expansion_seconds(decode, H200) == pytest.approx(moved / bandwidth)
+    # the weight gradient writes G outputs
+    wgrad = Call("ragged_k", 64, 128, 1024, 4, "m", "n", "bf16", "bf16")
+    moved = (64 * 1024 + 1024 * 128) * 2 + 4 * 64 * 128 * 2
+    expected = max(2 * 4 * 64 * 128 * 1024 / peak, moved / bandwidth)
+    assert routing.expansion_seconds(wgrad, H200) == pytest.approx(expected)
+
+
+def test_small_grouped_calls_go_to_xla_and_say_why():
+    tiny = Call("ragged_m", 1024, 128, 64, 4, "k", "n", "bf16", "bf16")
+    why = routing.xla_ragged_is_faster(tiny, H200, table(5.0))
+    assert "XLA's ragged_dot is expected faster" in why and "a test sweep" in why and "route='kernel'" in why
+    layer = Call("ragged_m", 65536, 2048, 7168, 256, "k", "n", "bf16", "bf16")
+    assert routing.xla_ragged_is_faster(layer, H200, table(5.0)) == ""
+    # a device entry without a grouped rule keeps the kernel
+    bare = routing.parse(
+        {"devices": [{"name": "H200", "compute_capability": [9, 0], "evidence": "dense only", "rules": []}]}
+    )
+    assert routing.xla_ragged_is_faster(tiny, H200, bare) == ""
+
+
+def test_the_fit_picks_the_threshold_that_separates_the_fitting_rows():
+    spec = importlib.util.spec_from_file_location("bench_ragged_routing", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(bench)
+    except ImportError as e:  # the benchmark imports the GPU-side helpers
+        pytest.skip(f"benchmark not importable here: {e}")
+
+    def row(expansion_us, kernel_ms, xla_ms, held_out=False):
+        return dict(expansion_us=expansion_us, kernel_ms=kernel_ms, xla_ms=xla_ms, held_out=held_out)
+
+    rows = [row(0.5, 0.010, 0.004), row(2.0, 0.012, 0.008), row(20.0, 0.030, 0.060), row(200.0, 0.2, 0.9)]
+    rows.append(row(1.0, 0.001, 1.0, held_out=True))  # held out: never fitted on
+    threshold, (gm, worst) = bench.fit(rows)
+    assert 2.0 < threshold < 20.0
+    assert worst == pytest.approx(1.0)
