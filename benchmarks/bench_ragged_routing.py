@@ -150,6 +150,16 @@ def fit(rows):
     return best, score(best)
 
 
+def apply(payload, threshold_us):
+    """Each row's default path and time under `threshold_us` (both sides were
+    measured in the run, so this needs no GPU), and the summary."""
+    payload["threshold_us"] = threshold_us
+    for r in payload["rows"]:
+        r["path"] = "xla" if r["expansion_us"] < threshold_us else "kernel"
+        r["jc_ms"] = routed_ms(r, threshold_us)
+    payload["summary"] = summary(payload["rows"])
+
+
 def summary(rows):
     held = [r for r in rows if r["held_out"]]
     return {
@@ -202,10 +212,12 @@ def main():
     if args.fit:
         payload = json.loads(args.fit.read_text())
         threshold, (gm, worst) = fit(payload["rows"])
-        held = [r for r in payload["rows"] if r["held_out"]]
-        ratios = [r["xla_ms"] / routed_ms(r, threshold) for r in held]
         print(f"threshold {threshold:.4g} us: fitting geomean {gm:.3f}, worst {worst:.3f}")
-        print(f"held out under it: geomean {geomean(ratios):.3f}, worst {min(ratios):.3f} ({len(held)} rows)")
+        apply(payload, round(threshold, 2))
+        print(json.dumps(payload["summary"], indent=1))
+        args.fit.write_text(json.dumps(payload, indent=1))
+        plot(payload, args.fit.with_suffix(".png"))
+        print("rewrote", args.fit, "with each row's default path under that threshold")
         return
     out = common.results_dir(args.out)
     done = []

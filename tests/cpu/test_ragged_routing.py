@@ -5,11 +5,16 @@ the rule, and the fit of its threshold."""
 import importlib.util
 import pathlib
 
+import jax.numpy as jnp
 import pytest
 
+import jax_cluster
+from jax_cluster import _ffi
 from jax_cluster.planning import routing
 from jax_cluster.planning.call import Call
 from jax_cluster.planning.device import DeviceInfo
+
+needs_kernels = pytest.mark.skipif(not _ffi.with_kernels(), reason="built without kernels")
 
 H200 = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132, 232448, 60 << 20)
 BENCH = pathlib.Path(__file__).parents[2] / "benchmarks" / "bench_ragged_routing.py"
@@ -76,3 +81,35 @@ def test_the_fit_picks_the_threshold_that_separates_the_fitting_rows():
     threshold, (gm, worst) = bench.fit(rows)
     assert 2.0 < threshold < 20.0
     assert worst == pytest.approx(1.0)
+
+
+def plan(m, n, k, groups, **overrides):
+    overrides.setdefault("route", "measured")
+    overrides.setdefault("problem", "ragged_m")
+    return jax_cluster.plan_ragged(m, n, k, groups, dtype=jnp.bfloat16, device=H200, **overrides)
+
+
+def test_the_shipped_table_has_a_grouped_threshold_on_the_h200():
+    entry = routing.rules_for(H200)
+    assert entry.grouped is not None and "grouped routing sweep" in entry.grouped.evidence
+    assert 0 < entry.grouped.xla_below_seconds < 1e-4
+
+
+@needs_kernels
+def test_a_small_moe_layer_runs_xlas_ragged_dot_and_says_why():
+    # train_block's small MoE layer: 1024 routed rows over 4 experts of 64 -> 128
+    for problem, view in (("ragged_m", (1024, 128, 64)), ("ragged_k", (64, 128, 1024))):
+        p = plan(*view, 4, problem=problem)
+        assert p.path == "xla", p.reason
+        assert "XLA's ragged_dot is expected faster" in p.reason and "route='kernel'" in p.reason
+        assert "XLA's ragged_dot is expected faster" in p.explain()
+
+
+@needs_kernels
+def test_route_kernel_pins_and_large_layers_keep_the_grouped_kernel():
+    assert plan(1024, 128, 64, 4, route="kernel").path == "kernel"
+    assert plan(1024, 128, 64, 4, tile=(128, 256, 64)).path == "kernel"
+    assert plan(65536, 2048, 7168, 256).path == "kernel"  # DeepSeek-V3's gate
+    assert plan(8, 14336, 4096, 8).path == "kernel"  # decode: XLA would read all eight experts
+    with pytest.raises(ValueError, match="route must be"):
+        plan(1024, 128, 64, 4, route="fastest")
