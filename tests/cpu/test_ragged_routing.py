@@ -81,6 +81,13 @@ def test_the_fit_picks_the_threshold_that_separates_the_fitting_rows():
     threshold, (gm, worst) = bench.fit(rows)
     assert 2.0 < threshold < 20.0
     assert worst == pytest.approx(1.0)
+    # applying it: each row's default path and time, and the held-out summary
+    payload = {"rows": rows}
+    bench.apply(payload, threshold)
+    assert [r["path"] for r in rows] == ["xla", "xla", "kernel", "kernel", "xla"]
+    assert [r["jc_ms"] for r in rows] == [0.004, 0.008, 0.030, 0.2, 1.0]
+    assert payload["summary"]["held_out_rows"] == 1 and payload["summary"]["xla_rows"] == 3
+    assert payload["summary"]["min_speedup_vs_xla_held_out"] == pytest.approx(1.0)
 
 
 def plan(m, n, k, groups, **overrides):
