@@ -120,3 +120,39 @@ def test_route_kernel_pins_and_large_layers_keep_the_grouped_kernel():
     assert plan(8, 14336, 4096, 8).path == "kernel"  # decode: XLA would read all eight experts
     with pytest.raises(ValueError, match="route must be"):
         plan(1024, 128, 64, 4, route="fastest")
+
+
+def _ragged_result_types(fn, *args):
+    """The result types of the ragged dots in `fn`'s lowering for a CUDA GPU."""
+    import re
+
+    import jax
+
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    return [re.search(r"-> tensor<([^>]*)>", line).group(1) for line in text.splitlines() if "ragged_dot" in line]
+
+
+def test_the_xla_path_on_a_gpu_is_lax_ragged_dots_own_form():
+    """A grouped product on XLA's path asks for the output dtype, as
+    lax.ragged_dot does (an fp32 result widens the dense expansion), in the
+    forward and in both gradients; a dot product of the expansion stays wide."""
+    import jax
+    from jax import lax
+
+    x, w = jnp.ones((1024, 64), jnp.bfloat16), jnp.ones((4, 64, 128), jnp.bfloat16)
+    sizes = jnp.array([256] * 4, jnp.int32)
+    ours = _ragged_result_types(lambda x, w: jax_cluster.ragged_dot(x, w, sizes, plan=None), x, w)
+    assert ours == _ragged_result_types(lambda x, w: lax.ragged_dot(x, w, sizes), x, w) == ["1024x128xbf16"]
+
+    def loss(x, w):
+        return jax_cluster.ragged_dot(x, w, sizes).astype(jnp.float32).sum()
+
+    grads = _ragged_result_types(jax.grad(loss, argnums=(0, 1)), x, w)
+    assert sorted(grads) == ["1024x64xbf16", "4x64x128xbf16"]
+    # one row against one output column: XLA would reduce in bf16
+    one = _ragged_result_types(
+        lambda x, w: jax_cluster.ragged_dot(x, w, jnp.array([1], jnp.int32)),
+        jnp.ones((1, 64), jnp.bfloat16),
+        jnp.ones((1, 64, 1), jnp.bfloat16),
+    )
+    assert one == ["1x1xf32"]
