@@ -77,10 +77,11 @@ def ragged_dot(
     Differentiable in lhs and rhs: d_lhs is the same grouped product with
     rhs read transposed in place, d_rhs[g] = lhs_g^T dy_g. vmap runs a loop
     over the mapped axis. Bf16/fp16 inputs on sm90a run the grouped kernel
-    when `jax_cluster.plan_ragged` picks one; all else runs
+    when `jax_cluster.plan_ragged` picks one (products small enough that
+    XLA's dense expansion measured faster stay on XLA); all else runs
     `jax.lax.ragged_dot_general`. `plan` pins the choice; it must be made for
     this call: plan_ragged(M, N, K, G, problem="ragged_m", b_major="n" for
-    "gkn" or "k" for "gnk", ...).
+    "gkn" or "k" for "gnk", ..., route="kernel" to skip the routing).
     """
     quantized = quantized_operands(_WHO, lhs, rhs)
     if quantized is not None:  # per group, rhs's (128, 128) blocks tile its own [K, N] (or [N, K])
