@@ -7,8 +7,9 @@ read k-major) or the weight gradient (ragged_k), with the rows spread evenly
 over the groups. Both sides run through jax_cluster's primitive: pinned to the
 grouped kernel the planner picks (route="kernel"), and on XLA's path
 (lax.ragged_dot_general); device time from CUPTI, inputs rotated past L2, the
-two sides interleaved. `jc_ms` is what a default call runs under the rule in
-planning/routing.json, `path` which side that is. The layers come in two
+two sides interleaved, each checked against a float32 product. `jc_ms` is
+what a default call runs under the rule in planning/routing.json, `path`
+which side that is. The layers come in two
 families: the rule is fitted on one (`--fit`) and checked on the other.
 
     python benchmarks/bench_ragged_routing.py [--out DIR] [--rows fit|held_out|all]
@@ -36,8 +37,10 @@ import common  # noqa: E402
 from jax_cluster.planning import routing  # noqa: E402
 from jax_cluster.planning.device import describe  # noqa: E402
 from jax_cluster.planning.grouped import plan_ragged  # noqa: E402
+from jax_cluster.primitives.lowering import xla_ragged  # noqa: E402
 from jax_cluster.primitives.ragged import ragged, ragged_call  # noqa: E402
 from jax_cluster.tuning import timing  # noqa: E402
+from jax_cluster.tuning.accuracy import relative_error  # noqa: E402
 
 # (groups, rows, model width K, expert width N); rows are tokens x top_k
 FIT = [
@@ -89,9 +92,10 @@ def measure(row, dtype, iterations, rounds):
         side: jax.jit(lambda a, b, plan=plan: ragged(a, b, sizes, problem=problem, b_major=b_major, plan=plan))
         for side, plan in (("kernel", kernel), ("xla", xla))
     }
-    out = {side: fn(a, b) for side, fn in fns.items()}
-    err = float(jnp.linalg.norm((out["kernel"] - out["xla"]).astype(jnp.float32)))
-    err /= max(float(jnp.linalg.norm(out["xla"].astype(jnp.float32))), 1e-30)
+    with jax.default_matmul_precision("highest"):  # the float32 reference, no TF32
+        a32, b32 = a.astype(jnp.float32), b.astype(jnp.float32)
+        want = xla_ragged(a32, b32, sizes, problem=problem, b_major=b_major, out_dtype=jnp.float32, plan=None)
+    errors = {f"rel_err_{side}_vs_f32": float(relative_error(fn(a, b), want)) for side, fn in fns.items()}
     args = [(x, y) for x, y in pairs]
     times = {side: [] for side in fns}
     for r in range(rounds):
@@ -103,7 +107,7 @@ def measure(row, dtype, iterations, rounds):
         variant=kernel.variant,
         kernel_ms=statistics.median(times["kernel"]),
         xla_ms=statistics.median(times["xla"]),
-        rel_err_kernel_vs_xla=err,
+        **errors,
         expansion_us=routing.expansion_seconds(call, dev) * 1e6,
         path="xla" if default.path == "xla" else "kernel",
     )
@@ -228,7 +232,8 @@ def main():
             f"G={row['groups']:<3} M={row['rows']:<5} K={row['k']:<5} N={row['n']:<6} {row['product']:<11} "
             f"kernel {row['kernel_ms'] * 1e3:8.2f} us  XLA {row['xla_ms'] * 1e3:8.2f} us  "
             f"({row['xla_ms'] / row['kernel_ms']:.2f}x)  expansion {row['expansion_us']:.3g} us  default {row['path']}"
-            f"{'  held out' if row['held_out'] else ''}  err {row['rel_err_kernel_vs_xla']:.1e}",
+            f"{'  held out' if row['held_out'] else ''}  err vs f32 {row['rel_err_kernel_vs_f32']:.1e} "
+            f"(XLA {row['rel_err_xla_vs_f32']:.1e})",
             flush=True,
         )
     record = common.run_record()
