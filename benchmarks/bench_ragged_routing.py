@@ -242,7 +242,7 @@ def main():
         "device": common.device_name(),
         "jax_version": jax.__version__,
         "commit": record["commit"],
-        "threshold_us": entry.grouped.xla_below_seconds * 1e6 if entry and entry.grouped else None,
+        "threshold_us": round(entry.grouped.xla_below_seconds * 1e6, 6) if entry and entry.grouped else None,
         "summary": summary(done),
         "rows": done,
     }
