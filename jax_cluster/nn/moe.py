@@ -120,9 +120,13 @@ class MoEMLP(nnx.Module):
     def routed(self, tokens, order, weights, sizes):
         """The experts' part for tokens already routed: `tokens` [S, T, D] in S
         blocks, and per block what `route` gives (`order` and `weights`
-        [S, T*top_k], `sizes` [S, E]). Returns [S, T, D]."""
+        [S, T*top_k], `sizes` [S, E]). Returns [S, T, D]. Each block's
+        `order` must be a permutation of its T*top_k slots, as route's is:
+        the gradient relies on it."""
         blocks, per_block, features = tokens.shape
-        rows = jnp.take_along_axis(tokens, (order // self.top_k)[..., None], axis=1)
+        # each token once per slot, then the slots in expert order
+        slots = jnp.broadcast_to(tokens[:, :, None, :], (blocks, per_block, self.top_k, features))
+        rows = _permute_rows(slots.reshape(blocks, per_block * self.top_k, features), order)
         rows = rows.reshape(-1, features)  # [S*T*top_k, D], sorted
         sizes = sizes if blocks > 1 else sizes[0]
         if self.fuse_gate_up:
@@ -132,11 +136,22 @@ class MoEMLP(nnx.Module):
         hidden = self.activation(gate) * up
         out = self.down(hidden, sizes).reshape(blocks, per_block * self.top_k, features)
         # back to (token, slot) order, then each token's weighted sum over its slots
-        unsorted = jnp.take_along_axis(out, jnp.argsort(order, axis=-1)[..., None], axis=1)
+        unsorted = _permute_rows(out, jnp.argsort(order, axis=-1))
         return (
             unsorted.reshape(blocks, per_block, self.top_k, features)
             * weights.reshape(blocks, per_block, self.top_k, 1).astype(out.dtype)
         ).sum(2)
+
+
+def _permute_rows(x, index):
+    """x [S, N, D] with each block's rows taken in the order of index [S, N],
+    a permutation of 0..N-1. The gather promises unique indices, so its
+    transpose (the backward) is a scatter of plain stores: XLA's scatter-add
+    with possible collisions, what a plain gather's transpose is, took
+    3.4-3.8 ms for each of the MoE layer's two on a DeepSeek-V3 layer on the
+    H200, a sixth of its bf16 step (results/h200/investigations/fp8_moe_breakdown.log)."""
+    take = lambda rows, i: rows.at[i].get(unique_indices=True, mode="promise_in_bounds")  # noqa: E731
+    return jax.vmap(take)(x, index)
 
 
 def join_gate_up(gate, up):

@@ -181,6 +181,26 @@ def test_moe_token_blocks_route_each_block_alone_with_the_same_result():
         ours(jnp.ones((5, 16)))
 
 
+def test_moe_gradients_match_the_dense_function_and_unsorting_never_collides():
+    ours, _ = _moe_pair(token_blocks=2)
+    router, gate, up, down = (m.kernel[...] for m in (ours.router, ours.gate, ours.up, ours.down))
+
+    def dense(x):  # every expert on every token, then each token's top-2 picked and weighted
+        tokens = x.reshape(-1, 16)
+        top, idx = lax.top_k(tokens @ router, 2)
+        h = jax.nn.silu(jnp.einsum("td,edh->teh", tokens, gate)) * jnp.einsum("td,edh->teh", tokens, up)
+        picked = jnp.take_along_axis(jnp.einsum("teh,ehd->ted", h, down), idx[:, :, None], axis=1)
+        return (picked * jax.nn.softmax(top, -1)[..., None]).sum(1).reshape(x.shape)
+
+    x = jax.random.normal(jax.random.key(4), (2, 8, 16))
+    loss = lambda f: lambda x: (f(x) ** 2).sum()  # noqa: E731
+    np.testing.assert_allclose(jax.grad(loss(ours))(x), jax.grad(loss(dense))(x), rtol=1e-4, atol=1e-4)
+    # the sorted rows' gathers promise unique indices: their transposes are scatters without atomics
+    order, weights, sizes = jax.vmap(lambda l: jcnn.route(l, top_k=2))(jnp.ones((2, 8, 4)).cumsum(-1))
+    hlo = jax.jit(jax.grad(lambda t: ours.routed(t, order, weights, sizes).sum())).lower(x).as_text()
+    assert set(re.findall(r"unique_indices = (\w+)", hlo)) == {"true"}
+
+
 def test_route_sorts_by_expert_and_counts_groups():
     logits = jnp.array([[0.0, 2.0, 1.0], [3.0, 0.0, 1.0]])
     order, weights, sizes = jcnn.route(logits, top_k=2)
