@@ -121,12 +121,15 @@ class MoEMLP(nnx.Module):
         """The experts' part for tokens already routed: `tokens` [S, T, D] in S
         blocks, and per block what `route` gives (`order` and `weights`
         [S, T*top_k], `sizes` [S, E]). Returns [S, T, D]. Each block's
-        `order` must be a permutation of its T*top_k slots, as route's is:
-        the gradient relies on it."""
+        `order` is a permutation of its T*top_k slots, as route's is; the
+        layer uses argsort(argsort(order)), which is `order` then and a
+        permutation always, so its gathers never read out of bounds or break
+        their promise of unique indices."""
         blocks, per_block, features = tokens.shape
+        unsort = jnp.argsort(order, axis=-1)  # each slot's row
         # each token once per slot, then the slots in expert order
         slots = jnp.broadcast_to(tokens[:, :, None, :], (blocks, per_block, self.top_k, features))
-        rows = _permute_rows(slots.reshape(blocks, per_block * self.top_k, features), order)
+        rows = _permute_rows(slots.reshape(blocks, per_block * self.top_k, features), jnp.argsort(unsort, axis=-1))
         rows = rows.reshape(-1, features)  # [S*T*top_k, D], sorted
         sizes = sizes if blocks > 1 else sizes[0]
         if self.fuse_gate_up:
@@ -136,7 +139,7 @@ class MoEMLP(nnx.Module):
         hidden = self.activation(gate) * up
         out = self.down(hidden, sizes).reshape(blocks, per_block * self.top_k, features)
         # back to (token, slot) order, then each token's weighted sum over its slots
-        unsorted = _permute_rows(out, jnp.argsort(order, axis=-1))
+        unsorted = _permute_rows(out, unsort)
         return (
             unsorted.reshape(blocks, per_block, self.top_k, features)
             * weights.reshape(blocks, per_block, self.top_k, 1).astype(out.dtype)

@@ -199,6 +199,10 @@ def test_moe_gradients_match_the_dense_function_and_unsorting_never_collides():
     order, weights, sizes = jax.vmap(lambda l: jcnn.route(l, top_k=2))(jnp.ones((2, 8, 4)).cumsum(-1))
     hlo = jax.jit(jax.grad(lambda t: ours.routed(t, order, weights, sizes).sum())).lower(x).as_text()
     assert set(re.findall(r"unique_indices = (\w+)", hlo)) == {"true"}
+    # an order that is no permutation is read as the permutation that sorts like it, never out of bounds
+    bad = order.at[:, 0].set(order[:, 1] + 99)
+    as_permutation = jnp.argsort(jnp.argsort(bad, axis=-1), axis=-1)
+    np.testing.assert_array_equal(ours.routed(x, bad, weights, sizes), ours.routed(x, as_permutation, weights, sizes))
 
 
 def test_route_sorts_by_expert_and_counts_groups():
