@@ -47,6 +47,12 @@ def why_no_kernels() -> str:
 
 
 @functools.cache
+def built_archs() -> tuple[str, ...]:
+    """The archs the extension has machine code for ("sm90a", ...); none without kernels."""
+    return tuple(a for a in _ext.built_archs.split(",") if a) if with_kernels() else ()
+
+
+@functools.cache
 def compiled_variant_names() -> frozenset[str]:
     return frozenset(row["name"] for row in _ext.variants()) if with_kernels() else frozenset()
 

@@ -23,15 +23,17 @@ import numpy as np
 from jax.interpreters import mlir
 
 from jax_cluster import _ffi
+from jax_cluster.planning.device import describe
 from jax_cluster.planning.tables import FFI_TARGETS, SCALE_BLOCK
 from jax_cluster.primitives import token_tiles
 from jax_cluster.primitives.lowering import clamp_group_sizes
 from jax_cluster.primitives.registry import local_primitive
 
-# Whether calls take the kernel unless told: it is bitwise equal to XLA's form
-# (GPU tests), clean under compute-sanitizer, and the recipe's weight gradient
-# ran 1.5-2.6x faster with it than with XLA's form on five MoE shapes on the
-# H200 (bench_fp8_wgrad.py, 2026-12-04).
+# Whether calls take the kernel unless told, where the device runs its machine
+# code (kernel_by_default): it is bitwise equal to XLA's form (GPU tests),
+# clean under compute-sanitizer, and the recipe's weight gradient ran 1.5-2.6x
+# faster with it than with XLA's form on five MoE shapes on the H200
+# (bench_fp8_wgrad.py, 2026-12-04).
 KERNEL_BY_DEFAULT = True
 KERNEL_INPUTS = tuple(jnp.dtype(d) for d in (jnp.bfloat16, jnp.float16, jnp.float32))
 KERNEL_OUTPUTS = tuple(jnp.dtype(d) for d in (jnp.float8_e4m3fn, jnp.float8_e5m2))
@@ -73,6 +75,14 @@ def kernel_takes(x, dtype) -> bool:
     )
 
 
+def kernel_by_default(device=None) -> bool:
+    """KERNEL_BY_DEFAULT on a device (default: the first) that runs the
+    kernel's machine code: it is built for the extension's archs, and
+    arch-specific code runs on its exact compute capability only (sm_90a on
+    9.0, sm_100a on 10.0); elsewhere XLA's form."""
+    return KERNEL_BY_DEFAULT and describe(device).arch in _ffi.built_archs()
+
+
 def _cuda_lowering(ctx, x, sizes, *, rows, dtype, use_kernel):
     x_aval = ctx.avals_in[0]
     if not (use_kernel and kernel_takes(x_aval, dtype) and _ffi.register_targets()):
@@ -94,12 +104,12 @@ def quantize_token_tiles(x, sizes, rows: int, dtype, *, use_kernel: bool | None 
     """(values [C, rows], scales [rows/128, C]) of x [M, C] in token tiles;
     `sizes` int32 [G] under ragged_dot's rule, `rows` a multiple of 128 that
     holds every group on its own tiles (token_tiles.padded_rows(M, G) does).
-    `use_kernel`: None takes KERNEL_BY_DEFAULT."""
+    `use_kernel`: None takes kernel_by_default()."""
     if x.ndim != 2 or sizes.ndim != 1 or sizes.dtype != jnp.int32:
         raise ValueError(f"quantize_token_tiles: x must be [M, C] and sizes int32 [G], got {x.shape} and {sizes}")
     if sizes.shape[0] == 0:
         raise ValueError("quantize_token_tiles: needs at least one group")
     if rows % SCALE_BLOCK:
         raise ValueError(f"quantize_token_tiles: rows = {rows} is not a multiple of {SCALE_BLOCK}")
-    use = KERNEL_BY_DEFAULT if use_kernel is None else bool(use_kernel)
+    use = kernel_by_default() if use_kernel is None else bool(use_kernel)
     return quantize_token_tiles_p.bind(x, sizes, rows=int(rows), dtype=np.dtype(dtype), use_kernel=use)

@@ -10,8 +10,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from jax_cluster import _ffi
+from jax_cluster.planning.device import DeviceInfo
 from jax_cluster.primitives import token_tiles
-from jax_cluster.primitives.token_tile_quantize import quantize_token_tiles
+from jax_cluster.primitives.token_tile_quantize import kernel_by_default, quantize_token_tiles
 
 SIZES = {
     "uneven, rows left over": [0, 1, 130, 0, 77, 5],
@@ -67,6 +69,19 @@ def test_the_kernel_switch_keeps_the_numbers_where_no_kernel_runs():
     plain = quantize_token_tiles(x, sizes, rows, jnp.float8_e4m3fn, use_kernel=False)
     for a, b in zip(ours, plain):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def test_the_kernel_is_the_default_only_where_its_machine_code_runs(monkeypatch):
+    monkeypatch.setattr(_ffi, "built_archs", lambda: ("sm90a", "sm100a"))
+    for cc, runs in (((9, 0), True), ((10, 0), True), ((10, 3), False), ((8, 0), False), ((12, 0), False)):
+        assert kernel_by_default(DeviceInfo("cuda", compute_capability=cc)) is runs, cc
+    assert not kernel_by_default(DeviceInfo("cpu"))
+    monkeypatch.setattr(_ffi, "built_archs", lambda: ("sm90a",))  # a build for the H100/H200 only
+    assert not kernel_by_default(DeviceInfo("cuda", compute_capability=(10, 0)))
+    # the default binds what kernel_by_default says for the default device
+    x, sizes = jnp.ones((128, 64), jnp.bfloat16), jnp.asarray([128], jnp.int32)
+    text = str(jax.make_jaxpr(lambda x, s: quantize_token_tiles(x, s, 128, jnp.float8_e4m3fn))(x, sizes))
+    assert f"use_kernel={kernel_by_default()}" in text
 
 
 def test_bad_calls_are_refused():
