@@ -147,12 +147,12 @@ class MoEMLP(nnx.Module):
 
 
 def _permute_rows(x, index):
-    """x [S, N, D] with each block's rows taken in the order of index [S, N],
-    a permutation of 0..N-1. The gather promises unique indices, so its
-    transpose (the backward) is a scatter of plain stores: XLA's scatter-add
-    with possible collisions, what a plain gather's transpose is, took
-    3.4-3.8 ms for each of the MoE layer's two on a DeepSeek-V3 layer on the
-    H200, a sixth of its bf16 step (results/h200/investigations/fp8_moe_breakdown.log)."""
+    """x [S, N, D] with each block's rows reordered by index [S, N], a
+    permutation of 0..N-1. The gather promises unique indices, so its
+    transpose (the backward) scatters with plain stores. A plain gather's
+    transpose is a scatter-add that may collide: the layer's two took 3.4
+    and 3.8 ms, a sixth of a DeepSeek-V3 layer's bf16 step on the H200
+    (results/h200/investigations/fp8_moe_breakdown.log)."""
     take = lambda rows, i: rows.at[i].get(unique_indices=True, mode="promise_in_bounds")  # noqa: E731
     return jax.vmap(take)(x, index)
 
