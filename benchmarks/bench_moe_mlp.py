@@ -145,6 +145,16 @@ def routed_inputs(experts_of: np.ndarray, num_experts: int):
     return jnp.asarray(order), jnp.asarray(weights.reshape(-1), jnp.float32), jnp.asarray(sizes)
 
 
+def case_inputs(cfg: Config, tokens: int, routing: str):
+    """One case's inputs, the same on every call: each token's experts
+    [T, top_k], what `route` would give for them (order, weights, sizes), and
+    the layer's input x and output gradient dy [T, D]."""
+    experts_of = assignment(routing, tokens, cfg.experts, cfg.top_k)
+    kx, kdy = jax.random.split(jax.random.key(tokens + cfg.features))
+    x, dy = (common.randn(k, (tokens, cfg.features), DTYPE) for k in (kx, kdy))
+    return experts_of, routed_inputs(experts_of, cfg.experts), (x, dy)
+
+
 def make_layer(cfg: Config, ragged_dot, abstract: bool, fuse_gate_up=False, fp8=None):
     def build():
         return MoEMLP(
@@ -284,12 +294,8 @@ def measure(
         "flops": cfg.flops(tokens),
         "commit": common.run_record()["commit"],  # a resumed file holds rows of several runs
     }
-    experts_of = assignment(routing, tokens, cfg.experts, cfg.top_k)
-    order, weights, sizes = routed_inputs(experts_of, cfg.experts)
+    experts_of, (order, weights, sizes), (x, dy) = case_inputs(cfg, tokens, routing)
     row["largest_group"], row["empty_groups"] = int(sizes.max()), int((sizes == 0).sum())
-    kx, kdy = jax.random.split(jax.random.key(tokens + cfg.features))
-    x = common.randn(kx, (tokens, cfg.features), DTYPE)
-    dy = common.randn(kdy, (tokens, cfg.features), DTYPE)
     graph, state = make_layer(cfg, jax_cluster.ragged_dot, abstract=False)
     step = step_fn(graph)
     full = named_outputs(jax.jit(step)(state, x, dy, order, weights, sizes))

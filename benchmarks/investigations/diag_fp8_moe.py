@@ -57,13 +57,9 @@ def main(argv=None):
     report = {"device": common.device_name(), "jax_version": jax.__version__, "rows": []}
     for name in args.configs.split(","):
         cfg = by_name[name]
-        experts_of = moe.assignment("skewed", moe.TRAINING_TOKENS, cfg.experts, cfg.top_k)
-        order, weights, sizes = moe.routed_inputs(experts_of, cfg.experts)
-        kx, kdy = jax.random.split(jax.random.key(moe.TRAINING_TOKENS + cfg.features))
-        x = common.randn(kx, (moe.TRAINING_TOKENS, cfg.features), moe.DTYPE)
-        dy = common.randn(kdy, (moe.TRAINING_TOKENS, cfg.features), moe.DTYPE)
+        _, routed, (x, dy) = moe.case_inputs(cfg, moe.TRAINING_TOKENS, "skewed")
         graph, state = moe.make_layer(cfg, jax_cluster.ragged_dot, abstract=False)
-        step_args = [(state, x, dy, order, weights, sizes)]
+        step_args = [(state, x, dy, *routed)]
         row = {"config": name, "routing": "skewed", "tokens": moe.TRAINING_TOKENS}
         for recipe in ("bf16", "blockwise"):
             fp8 = None if recipe == "bf16" else recipe

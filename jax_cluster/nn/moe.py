@@ -122,14 +122,14 @@ class MoEMLP(nnx.Module):
         blocks, and per block what `route` gives (`order` and `weights`
         [S, T*top_k], `sizes` [S, E]). Returns [S, T, D]. Each block's
         `order` is a permutation of its T*top_k slots, as route's is; the
-        layer uses argsort(argsort(order)), which is `order` then and a
+        layer uses the inverse of argsort(order), which is `order` then and a
         permutation always, so its gathers never read out of bounds or break
         their promise of unique indices."""
         blocks, per_block, features = tokens.shape
         unsort = jnp.argsort(order, axis=-1)  # each slot's row
         # each token once per slot, then the slots in expert order
         slots = jnp.broadcast_to(tokens[:, :, None, :], (blocks, per_block, self.top_k, features))
-        rows = _permute_rows(slots.reshape(blocks, per_block * self.top_k, features), jnp.argsort(unsort, axis=-1))
+        rows = _permute_rows(slots.reshape(blocks, per_block * self.top_k, features), _inverse(unsort))
         rows = rows.reshape(-1, features)  # [S*T*top_k, D], sorted
         sizes = sizes if blocks > 1 else sizes[0]
         if self.fuse_gate_up:
@@ -155,6 +155,13 @@ def _permute_rows(x, index):
     (results/h200/investigations/fp8_moe_breakdown.log)."""
     take = lambda rows, i: rows.at[i].get(unique_indices=True, mode="promise_in_bounds")  # noqa: E731
     return jax.vmap(take)(x, index)
+
+
+def _inverse(permutation):
+    """Each block's inverse of permutation [S, N], by a scatter: no second sort."""
+    slots = jnp.broadcast_to(jnp.arange(permutation.shape[-1], dtype=permutation.dtype), permutation.shape)
+    invert = lambda p, i: jnp.zeros_like(p).at[p].set(i, unique_indices=True)  # noqa: E731
+    return jax.vmap(invert)(permutation, slots)
 
 
 def join_gate_up(gate, up):
