@@ -4,7 +4,7 @@
 # $RESULTS/logs.tgz after every step and every 30 s, so a run cut off by a
 # time limit still leaves what finished; $RESULTS also gets prebuilt/_ext*.so.
 # Steps: smoke tests checks selftest sweep sanitize sharding lgemms bench grid planner sched walk
-# layers ragged moe decode dense groupedroute hostcost fp8 fp8grouped fp8wgrad train fp8train fallback pytest (pytest: the tests named by $PYTEST_ARGS;
+# layers ragged moe decode dense groupedroute gclusters hostcost fp8 fp8grouped fp8wgrad train fp8train fallback pytest (pytest: the tests named by $PYTEST_ARGS;
 # FP8_TESTS=0: the fp8 step's benchmark only, FP8_ARGS its arguments).
 # Offline machines: put the nvidia-cutlass (and absl-py) wheels in .whl/ first; the
 # ragged and moe steps also want tokamax's (tokamax==0.0.17 einshape qwix immutabledict
@@ -91,6 +91,11 @@ for part in ${STEPS:-tests bench grid}; do
            "$PY" benchmarks/bench_dense_suite.py --out "$LOGS" ${DENSE_ARGS:-} 2>&1 | tee "$LOGS/dense.log" | tail -30 ;;
     groupedroute) step "small grouped products on the grouped kernel and on XLA's ragged_dot"
            "$PY" benchmarks/bench_ragged_routing.py --out "$LOGS" ${GROUPED_ROUTE_ARGS:-} 2>&1 | tee "$LOGS/groupedroute.log" | tail -12 ;;
+    gclusters) step "grouped static 2-CTA cluster rows: self-test, then against the default and torch"
+           { (cd /tmp && XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" \
+                "$PY" -m jax_cluster.selftest --only grouped_static)
+             "$PY" benchmarks/investigations/grouped_clusters.py --out "$LOGS" ${GCLUSTER_ARGS:-}; } 2>&1 \
+             | tee "$LOGS/grouped_clusters.log" | tail -40 ;;
     sharding) step "partitioning on every GPU of this machine (test_gpu_sharding needs two)"
            "$PYTEST" -q -rs -p no:cacheprovider tests/gpu/test_gpu_sharding.py 2>&1 | tee "$LOGS/sharding.log" | tail -15 ;;
     bench) step benchmark

@@ -221,12 +221,21 @@ def _timeline(p) -> list[str]:
             "items cost the same (the same K and columns; a chunk's row count changes only its FMAs)",
         ]
     if p.problem != "dense":
+        if p.schedule == "static":
+            how = (
+                f"static: cluster c of the {p.max_active_clusters} resident ones takes cluster tiles c, "
+                f"c + {p.max_active_clusters}, ... of the groups' tiles in order (CUTLASS's group "
+                "scheduler), balanced where the tiles cost about the same (large groups)"
+            )
+        else:
+            how = (
+                f"{p.schedule}: each {'cluster' if p.schedule == 'clc' else 'CTA'} takes the "
+                "next tile of any group when it frees up"
+            )
         return [
             f"{p.groups} groups: tile counts follow group_sizes, which stay on the device, "
             "so no wave count is known at trace time",
-            f"{p.schedule}: each {'cluster' if p.schedule == 'clc' else 'CTA'} takes the "
-            "next tile of any group when it frees up; replay a distribution with "
-            "jax_cluster.planning.schedule.compare(grouped_tile_costs(...), CTAs)",
+            how + "; replay a distribution with jax_cluster.planning.schedule.compare(grouped_tile_costs(...), CTAs)",
         ]
     full = math.floor(p.waves)
     rows = [

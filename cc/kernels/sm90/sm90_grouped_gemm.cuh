@@ -4,8 +4,9 @@
 // (sm90_dynamic_group_scheduler.cuh), with the per-group arrays built on the
 // device from group_sizes (ragged_groups.cuh). No host round trip.
 //
-// Contract, workspace and entry points: cutlass_grouped_gemm.cuh. Clusters
-// are 1x1 over a persistent grid of the device's SMs.
+// Contract, workspace and entry points: cutlass_grouped_gemm.cuh. The work
+// queue's clusters are 1x1 over a persistent grid of the device's SMs; the
+// static rows (GroupedStaticGemm) run 2-CTA clusters on CUTLASS's scheduler.
 #pragma once
 
 #include <type_traits>
@@ -35,6 +36,38 @@ struct WorkQueueScheduling {
     args.scheduler.max_swizzle_size = 1;
   }
 };
+
+// CUTLASS's own static group scheduler (a fixed grid stride through the
+// groups' cluster tiles), picked by the plain group problem-shape type. It
+// runs clusters: a cluster's CTAs take neighbouring tiles of one group, so
+// with the cluster along N (ragged_m) they share the group's rows, multicast
+// A, and waste nothing at group edges; ragged_k's M (K') is not ragged, so a
+// cluster along M shares B. Every CTA walks the same stride, so no counter.
+struct StaticGroupScheduling {
+  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+  static constexpr Schedule kSchedule = Schedule::kStatic;
+  static constexpr bool kTileStart = false;
+  struct Launch {
+    int cluster_tile_m = 1, tiles_n = 0;  // no tile_start to build
+    bool fits() const { return true; }
+  };
+  static Launch launch(const GemmProblem&) { return {}; }
+  template <class Args, class Arrays>
+  static void configure(Args& args, const DeviceSlots&, const Arrays&, const Launch&) {
+    args.scheduler.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongM;
+    args.scheduler.max_swizzle_size = 1;
+  }
+};
+
+template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
+          int TileK, int ClusterM, int ClusterN, int Stages, RaggedProblem Problem>
+using GroupedStaticGemm =
+    CutlassGroupedGemm<cutlass::arch::Sm90, ElementAB, ElementD, LayoutA, LayoutB,
+                       cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>,
+                       cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>, Stages,
+                       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+                       cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, Problem,
+                       StaticGroupScheduling>;
 
 template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
           int TileK, int Stages, RaggedProblem Problem>
