@@ -116,7 +116,9 @@ def main(argv=None) -> int:
                 rows.append(row)
                 del reference
     payload = {**common.run_record(), "rows": rows}
-    path = common.results_dir(args.out) / "grouped_clusters.json"
+    folder = args.out if args.out is not None else common.results_dir() / "investigations"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "grouped_clusters.json"
     path.write_text(json.dumps(payload, indent=1) + "\n")
     print(f"wrote {path}")
     return 0
