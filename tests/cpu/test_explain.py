@@ -49,3 +49,17 @@ def test_every_efficiency_names_what_it_measures():
     assert lines and all("(" in line.split("efficiency", 1)[1] for line in lines)
     assert all("makespan" in line or "work over workers" in line for line in lines)
     assert "(not a schedule of this kind)" in text  # the simulator's other rows say they are hypothetical
+
+
+@needs_kernels
+def test_a_static_cluster_grouped_row_runs_only_pinned_and_says_how_it_schedules():
+    # Mixtral 8x22B's gate: 16384 rows over 8 experts, 6144 -> 16384
+    args = dict(groups=8, problem="ragged_m", dtype=jnp.bfloat16, b_major="n", device=H200)
+    default = jax_cluster.plan_ragged(16384, 16384, 6144, **args)
+    assert default.kind != "grouped_static"
+    name = "sm90_grouped_gemm_ragged_m_bf16_bf16_kn_128x256x64_c1x2_s4_grouped_static"
+    pinned = jax_cluster.plan_ragged(16384, 16384, 6144, variant=name, **args)
+    text = pinned.explain()
+    assert pinned.variant == name and pinned.schedule == "static" and (pinned.cluster_m, pinned.cluster_n) == (1, 2)
+    assert "A tiles are multicast by TMA to the 2 CTAs along N" in text
+    assert "static: cluster c of the" in text and "takes the next tile" not in text
