@@ -43,7 +43,8 @@ def breakdown(step, args, iterations):
     totals = dict.fromkeys(KINDS, 0.0)
     for name, k_ms in kernels:
         totals[kind_of(name)] += k_ms
-    top = [{"kernel": name[:100], "ms": k_ms, "share": k_ms / ms} for name, k_ms in kernels[:15]]
+    # whole names: the grouped GEMMs differ only in template arguments deep in theirs
+    top = [{"kernel": name, "ms": k_ms, "share": k_ms / ms} for name, k_ms in kernels[:15]]
     return {"ms": ms, "kinds_ms": totals, "kernels": len(kernels), "top": top}
 
 
@@ -69,7 +70,7 @@ def main(argv=None):
             kinds = ", ".join(f"{k} {v:.2f}" for k, v in found["kinds_ms"].items())
             print(f"{name} {recipe}: {found['ms']:.2f} ms in {found['kernels']} kernels ({kinds})", flush=True)
             for k in found["top"]:
-                print(f"    {k['ms']:8.3f} ms {k['share']:6.1%}  {k['kernel']}")
+                print(f"    {k['ms']:8.3f} ms {k['share']:6.1%}  {k['kernel'][:100]}")
             moe.release_memory()
         report["rows"].append(row)
         if args.out:  # after every configuration: a run cut off keeps what it measured
