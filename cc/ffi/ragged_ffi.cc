@@ -102,7 +102,9 @@ std::string check_scale(const char* label, const ffi::AnyBuffer& scale,
 // each group starting on a tile).
 // MX (ragged_m): e8m0 scale_a [mx_grouped_scale_rows(rows, G) * row bytes],
 // each group's scales starting on a 128-row tile (at the earlier groups'
-// rows, each rounded up to 128), and scale_b [G, layout_size(N, K)].
+// rows, each rounded up to 128), and scale_b [G, layout_size(N, K)]. MX
+// (ragged_k): scale_a [layout_size(K', rows)] and scale_b [layout_size(N',
+// rows)], one layout of each whole operand.
 std::string scales_from_buffers(const VariantEntry& v, const ffi::AnyBuffer& scale_a,
                                 const ffi::AnyBuffer& scale_b, GemmProblem* p) {
   bool ragged_m = std::string(v.problem) == "ragged_m";
@@ -111,14 +113,14 @@ std::string scales_from_buffers(const VariantEntry& v, const ffi::AnyBuffer& sca
            " is not a multiple of the scale block " + std::to_string(kScaleBlock);
   if (v.dtype == kMxDtype) {
     const int64_t row_bytes = mx_scale_row_bytes(p->k);
-    if (std::string err =
-            check_mx_scale("scale_a", scale_a, {mx_grouped_scale_rows(p->m, p->batch) * row_bytes});
-        !err.empty())
-      return err;
-    if (std::string err =
-            check_mx_scale("scale_b", scale_b, {int64_t(p->batch), mx_layout_size(p->n, p->k)});
-        !err.empty())
-      return err;
+    std::string err = ragged_m ? check_mx_scale("scale_a", scale_a,
+                                                {mx_grouped_scale_rows(p->m, p->batch) * row_bytes})
+                               : check_mx_scale("scale_a", scale_a, {mx_layout_size(p->m, p->k)});
+    if (err.empty())
+      err = ragged_m ? check_mx_scale("scale_b", scale_b,
+                                      {int64_t(p->batch), mx_layout_size(p->n, p->k)})
+                     : check_mx_scale("scale_b", scale_b, {mx_layout_size(p->n, p->k)});
+    if (!err.empty()) return err;
     p->mx_scale_a = scale_a.untyped_data();
     p->mx_scale_b = scale_b.untyped_data();
     return "";

@@ -14,6 +14,8 @@
 //             (kScaleBlock); D [G, K', N'].
 //   ragged_m, MX (sm100): A [rows, K] and B [G, N, K] in e4m3, K-major, with
 //             e8m0 scales as GroupedMxOperands lays them out.
+//   ragged_k, MX (sm100): A [K', rows] and B [N', rows] in e4m3 in the
+//             block-aligned layout, e8m0 scales as GroupedMxTokenOperands reads them.
 // Workspace: ragged_workspace.cuh (per-group arrays, then CUTLASS's).
 #pragma once
 
@@ -129,19 +131,13 @@ struct GroupedTokenScaledOperands
   }
 };
 
-// MXFP8 (sm100, ragged_m): A [rows, K] and each group's B [N, K] in e4m3,
-// K-major, one e8m0 scale per kMxScaleBlock values along K, which the
-// block-scaled UMMA applies itself. CUTLASS's array mainloop reads each
-// group's scale factors through a pointer and a layout per group, in its
-// Sm1xxBlockScaledConfig layout: 128-row tiles, so each group's scales start
-// on a row tile. scale_a holds the groups' tiles one after another, group g's
-// at row aligned_start (the earlier groups' rows, each rounded up to 128:
-// primitives/mx_scales.py writes them so); scale_b holds G blocks of
-// layout_size(N, K) bytes.
-struct GroupedMxOperands {
+// MXFP8 (sm100): e4m3 A and B, K-major, one e8m0 scale per kMxScaleBlock
+// values along K, which the block-scaled UMMA applies itself. CUTLASS's
+// array mainloop reads each group's scale factors through a pointer and a
+// layout per group, in its Sm1xxBlockScaledConfig layout (128-row tiles of
+// 4 scale columns, the tiles of a row K-major).
+struct GroupedMxOperandsBase {
   static constexpr bool kBlockScaled = true;
-  static constexpr bool kBlockAlignedGroups = false;
-  static constexpr bool kAlignedScaleRows = true;
   using OpClass = cutlass::arch::OpClassBlockScaledTensorOp;
   template <class ElementAB>
   using Value = typename ElementAB::DataType;
@@ -162,16 +158,59 @@ struct GroupedMxOperands {
   static bool has_scales(const GemmProblem& p) {
     return p.mx_scale_a != nullptr && p.mx_scale_b != nullptr;
   }
+};
+
+// ragged_m: A [rows, K] and each group's B [N, K]. A's scales are laid out
+// per group, so each group's scales start on a row tile: scale_a holds the groups'
+// tiles one after another, group g's at row aligned_start (the earlier
+// groups' rows, each rounded up to 128: primitives/mx_scales.py writes them
+// so); scale_b holds G blocks of layout_size(N, K) bytes.
+struct GroupedMxOperands : GroupedMxOperandsBase {
+  static constexpr bool kBlockAlignedGroups = false;
+  static constexpr bool kAlignedScaleRows = true;
   template <RaggedProblem P, class Arrays>
   __device__ static void set_group_scales(Arrays& out, GroupSpan s, int, int n, int k,
                                           const void* scale_a, const void* scale_b) {
-    static_assert(P == RaggedProblem::kRaggedM, "MX grouped rows are ragged_m");
+    static_assert(P == RaggedProblem::kRaggedM, "GroupedMxOperands serves ragged_m");
     using SF = cutlass::float_ue8m0_t;
     out.scale_a[s.g] = static_cast<const SF*>(scale_a) + s.aligned_start * mx_scale_row_bytes(k);
     out.scale_b[s.g] = static_cast<const SF*>(scale_b) + int64_t(s.g) * mx_layout_size(n, k);
     auto shape = cute::make_shape(s.rows, n, k, 1);
     out.layout_sfa[s.g] = Config::tile_atom_to_shape_SFA(shape);
     out.layout_sfb[s.g] = Config::tile_atom_to_shape_SFB(shape);
+  }
+};
+
+// ragged_k (the weight gradient, contracting the tokens): A [K', rows] and
+// B [N', rows], the rows contiguous and in the block-aligned layout (each
+// group starting on a 128-row tile, so a 32-row scale block never holds two
+// groups). Each operand's scales are one layout of the whole [K', rows] (or
+// [N', rows]); group g reads its columns of it: from K tile start/128 on,
+// through a layout with the group's shape and the whole layout's strides.
+static_assert(kScaleBlock == kMxScaleBlock * kMxAtomBlocks,
+              "a token tile of the block-aligned layout is one K tile of MX scale atoms");
+struct GroupedMxTokenOperands : GroupedMxOperandsBase {
+  static constexpr bool kBlockAlignedGroups = true;
+  static constexpr bool kAlignedScaleRows = false;
+  template <RaggedProblem P, class Arrays>
+  __device__ static void set_group_scales(Arrays& out, GroupSpan s, int m, int n, int k,
+                                          const void* scale_a, const void* scale_b) {
+    static_assert(P == RaggedProblem::kRaggedK, "GroupedMxTokenOperands serves ragged_k");
+    using SF = cutlass::float_ue8m0_t;
+    // one 512-byte atom per 128 rows (of K' or N') by 128 tokens, a row tile's atoms K-major
+    constexpr int64_t kAtomBytes = kMxAtomRows * kMxAtomBlocks;
+    const int64_t first_tile = s.start / (kMxScaleBlock * kMxAtomBlocks);
+    out.scale_a[s.g] = static_cast<const SF*>(scale_a) + first_tile * kAtomBytes;
+    out.scale_b[s.g] = static_cast<const SF*>(scale_b) + first_tile * kAtomBytes;
+    // an empty group runs no tile; one token tile keeps its layout well formed
+    const int tokens = static_cast<int>(round_up_to_tile(s.rows > 0 ? s.rows : 1));
+    auto whole = cute::make_shape(m, n, k, 1);
+    auto group = cute::make_shape(m, n, tokens, 1);
+    auto sfa = Config::tile_atom_to_shape_SFA(whole), sfb = Config::tile_atom_to_shape_SFB(whole);
+    out.layout_sfa[s.g] =
+        cute::make_layout(Config::tile_atom_to_shape_SFA(group).shape(), sfa.stride());
+    out.layout_sfb[s.g] =
+        cute::make_layout(Config::tile_atom_to_shape_SFB(group).shape(), sfb.stride());
   }
 };
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jax_cluster.ops.quantize import MX_ROW_BLOCK, quantize
 from jax_cluster.planning.plan import Plan
 from jax_cluster.planning.tables import BLOCK_SCALED_DTYPES, MX_SCALE_BLOCK, SCALE_BLOCK
 from jax_cluster.primitives import mx_scales, plans, token_tiles
@@ -129,3 +130,23 @@ def grouped_weight_gradient(
     spans = token_tiles.group_spans(sizes, rows)
     xv, dyv = _dequantized_rows(xq, x_scales, jnp.bfloat16), _dequantized_rows(dyq, dy_scales, jnp.bfloat16)
     return ragged(xv, dyv, spans, problem="ragged_k", out_dtype=out_dtype)
+
+
+def mx_weight_gradient(x, dy, group_sizes, out_dtype, plan: Plan | None = None):
+    """[G, K, N]: x [M, K]^T dy [M, N] over each group's rows in MXFP8 on the
+    sm100a MX ragged_k kernel, or None where no plan (`plan`, or the
+    planner's) takes it. Both operands go to the block-aligned row layout
+    (each group on its own 128-row tiles, zeros between), transposed so the
+    rows are contiguous, and are scaled in blocks of 32 rows: a block never
+    holds two groups. group_sizes is int32 [G]."""
+    groups = group_sizes.shape[0]
+    rows = token_tiles.padded_rows(x.shape[0], groups)
+    k, n = x.shape[1], dy.shape[1]
+    call = scaled_ragged_k_call(k, n, rows, groups, E4M3, out_dtype, mx=True)
+    chosen = plans.choose(call, plan, None, "jax_cluster")
+    if not chosen.uses_kernel:
+        return None
+    sizes = clamp_group_sizes(group_sizes, x.shape[0])
+    xq, dyq = (quantize(token_tiles.laid_out(v, sizes, rows).T, block=MX_ROW_BLOCK) for v in (x, dy))
+    scale_a, scale_b = (mx_scales.to_kernel_layout(q.scale, rows) for q in (xq, dyq))
+    return scaled_ragged_k_dot(xq.qvalue, dyq.qvalue, scale_a, scale_b, sizes, out_dtype=out_dtype, plan=chosen)

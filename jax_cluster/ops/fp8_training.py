@@ -18,9 +18,11 @@ Either way K, N and the rows must be multiples of 128 (the kernels' K tile).
 In the grouped form the blockwise weight gradient takes x^T and dy^T both in
 (1, 128) tiles along the tokens, each group's tokens starting on a tile (the
 rows are regrouped with zeros between groups: primitives/token_tiles.py), so
-a tile never mixes two groups. MXFP8 has no grouped weight-gradient kernel:
-that product runs in bf16 on x and dy rounded through MXFP8 (32-row blocks,
-which may span two groups: a shared scale changes the rounding, not the sum).
+a tile never mixes two groups. The MXFP8 weight gradient takes the same
+layout, x^T and dy^T in 32-row blocks, on the sm100a MX ragged_k kernel;
+where no plan takes it, it runs in bf16 on x and dy rounded through MXFP8
+(32-row blocks in the rows' own order, which may span two groups: a shared
+scale changes the rounding, not the sum).
 Products accumulate in fp32 and return the activations' dtype. On a device
 without the recipe's kernels the products are dequantized to bf16: the
 recipe's numerics, not its speed.
@@ -35,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_cluster.ops.dense import dot_general, matmul
-from jax_cluster.ops.fp8_grouped import grouped_weight_gradient
+from jax_cluster.ops.fp8_grouped import grouped_weight_gradient, mx_weight_gradient
 from jax_cluster.ops.quantize import dequantize, quantize
 from jax_cluster.ops.ragged_dot import ragged_dot
 from jax_cluster.primitives.ragged import ragged
@@ -147,9 +149,11 @@ def _grouped_backward(recipe, grad_dtype, saved, dy):
     if recipe == "blockwise":
         # d_weight contracts the tokens: x and dy in token tiles, each group on its own tiles
         dw = grouped_weight_gradient(x, dy, sizes, grad_dtype, x.dtype)
-    else:  # no MX kernel contracts ragged tokens: bf16 on the MXFP8-rounded operands
-        xq, dyq = (dequantize(quantize(v, block=r.grad_tokens), jnp.bfloat16) for v in (x, dy))
-        dw = ragged(xq, dyq, sizes, problem="ragged_k", out_dtype=x.dtype)
+    else:  # MXFP8 on the MX ragged_k kernel, or bf16 on the MXFP8-rounded operands
+        dw = mx_weight_gradient(x, dy, sizes, x.dtype)
+        if dw is None:
+            xq, dyq = (dequantize(quantize(v, block=r.grad_tokens), jnp.bfloat16) for v in (x, dy))
+            dw = ragged(xq, dyq, sizes, problem="ragged_k", out_dtype=x.dtype)
     return dx, dw.astype(kernel.dtype), None
 
 

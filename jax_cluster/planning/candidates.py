@@ -66,8 +66,8 @@ def _block_scaled_problem(call: Call) -> str:
     grouped ones split the rows (ragged_m) or, in the weight gradient, the
     contraction (ragged_k, its rows in the block-aligned layout of
     primitives/token_tiles.py, so K is the padded row count). MXFP8 (mxe4m3)
-    reads its scales padded, so M is free; its K tile is 128; its grouped
-    kernel splits the rows (ragged_m) only."""
+    reads its scales padded, so M is free; its K tile is 128, and its
+    weight gradient takes the same block-aligned rows."""
     if call.epilogue != "none":
         return "block-scaled fp8 runs plain products only"
     if (call.a_major, call.b_major) != ("k", "k"):
@@ -78,7 +78,7 @@ def _block_scaled_problem(call: Call) -> str:
         what = "the MX kernel's K tile" if call.dtype == tables.MX_DTYPE else "the scale block"
         return f"K = {call.k} is not a multiple of {what} {tables.SCALE_BLOCK}"
     if call.dtype == tables.MX_DTYPE:
-        return "MXFP8 weight gradients (ragged_k) have no kernel" if call.problem == "ragged_k" else ""
+        return ""
     if call.problem == "dense" and call.m % 4:
         return f"M = {call.m} is not a multiple of 4 (A's scales are read with TMA)"
     return ""

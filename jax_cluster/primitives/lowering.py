@@ -296,14 +296,18 @@ def xla_scaled_ragged(a, b, scale_a, scale_b, group_sizes, *, problem="ragged_m"
 
 def _xla_scaled_ragged_k(a, b, scale_a, scale_b, group_sizes, out_dtype):
     """A [K', rows] and B [N', rows] in token tiles (scales [rows/128, K'] and
-    [rows/128, N']) -> [G, K', N'], each group over its block-aligned rows."""
+    [rows/128, N'], or MX's in the kernel layout) -> [G, K', N'], each group
+    over its block-aligned rows."""
     (m, rows), n, groups = a.shape, b.shape[0], group_sizes.shape[0]
     if groups == 0:
         return jnp.zeros((0, m, n), out_dtype)
     _, valid = token_tiles.row_owners(group_sizes, rows)
 
     def rows_of(x, scales):  # [rows, C] float32, the rows outside every group zero
-        x32 = x.T.astype(jnp.float32) * jnp.repeat(scales, SCALE_BLOCK, axis=0)
+        if mx_scales.is_mx_scale(scales):  # e8m0 per 32 rows, the whole operand's kernel layout
+            x32 = mx_scales.dequantized(x, scales).T
+        else:
+            x32 = x.T.astype(jnp.float32) * jnp.repeat(scales, SCALE_BLOCK, axis=0)
         return jnp.where(valid[:, None], x32, 0.0)
 
     spans = token_tiles.group_spans(group_sizes, rows)

@@ -28,6 +28,12 @@ rows, stored with the rows contiguous:
 The rows are in the block-aligned layout of primitives/token_tiles.py: each
 group starts on a tile, so no tile has two groups' rows.
 
+MXFP8 (sm100a) takes the same call with e8m0 scales, one per 32 rows of a
+column, each operand's in one kernel layout of the whole operand (rows as K):
+  scale_a      [layout_size(K', rows)]
+  scale_b      [layout_size(N', rows)]
+A 32-row block never holds two groups either (a tile is four of them).
+
 group_sizes is int32 [G] in both. Sizes follow ragged_dot's rule (a
 negative size counts as 0, groups are cut at the rows). The ops take one
 device, have no vmap rule and are not differentiable: the fp8 training
@@ -89,6 +95,17 @@ def _check_ragged_k(a, b, scale_a, scale_b, group_sizes, out_dtype) -> tuple[int
         raise ValueError(f"{_WHO}: a {a.shape} and b {b.shape} hold different row counts")
     if group_sizes.ndim != 1 or group_sizes.dtype != jnp.int32:
         raise ValueError(f"{_WHO}: group_sizes must be int32 [G], got {group_sizes.dtype} {list(group_sizes.shape)}")
+    if mx_scales.is_mx_scale(scale_a):
+        if rows % SCALE_BLOCK:  # the block-aligned layout's tile
+            raise ValueError(f"{_WHO}: MX operands need the rows a multiple of {SCALE_BLOCK}, got {rows}")
+        scales = (
+            ("scale_a", scale_a, (mx_scales.layout_size(m, rows),)),
+            ("scale_b", scale_b, (mx_scales.layout_size(n, rows),)),
+        )
+        check_scaled_operands(
+            _WHO, a, b, rows, out_dtype, scales, block=MX_SCALE_BLOCK, scale_dtype=mx_scales.SCALE_DTYPE
+        )
+        return m, n, rows, group_sizes.shape[0]
     blocks = rows // SCALE_BLOCK
     check_scaled_operands(
         _WHO, a, b, rows, out_dtype, (("scale_a", scale_a, (blocks, m)), ("scale_b", scale_b, (blocks, n)))
@@ -116,10 +133,12 @@ def scaled_ragged_dot(
     )
 
 
-def scaled_ragged_k_call(m: int, n: int, rows: int, groups: int, dtype, out_dtype) -> Call:
+def scaled_ragged_k_call(m: int, n: int, rows: int, groups: int, dtype, out_dtype, mx: bool = False) -> Call:
     """The Call of a block-scaled weight gradient (ragged_k; A [K', rows] and
-    B [N', rows], both K-major in the GEMM view (m, n, k) = (K', N', rows))."""
-    return Call("ragged_k", m, n, rows, groups, "k", "k", dtype_name(dtype), dtype_name(out_dtype))
+    B [N', rows], both K-major in the GEMM view (m, n, k) = (K', N', rows));
+    `mx`: MXFP8 scales."""
+    name = MX_DTYPE if mx else dtype_name(dtype)
+    return Call("ragged_k", m, n, rows, groups, "k", "k", name, dtype_name(out_dtype))
 
 
 def scaled_ragged_k_dot(
@@ -129,7 +148,8 @@ def scaled_ragged_k_dot(
     plan (the planner's kernel row, or the float32 fallback with the same semantics)."""
     m, n, rows, groups = _check_ragged_k(a, b, scale_a, scale_b, group_sizes, out_dtype)
     out_dtype = np.dtype(out_dtype)
-    plan = plans.choose(scaled_ragged_k_call(m, n, rows, groups, a.dtype, out_dtype), plan, device, _WHO)
+    call = scaled_ragged_k_call(m, n, rows, groups, a.dtype, out_dtype, mx_scales.is_mx_scale(scale_a))
+    plan = plans.choose(call, plan, device, _WHO)
     return scaled_ragged_local_p.bind(
         a, b, scale_a, scale_b, group_sizes, problem="ragged_k", out_dtype=out_dtype, plan=plan
     )

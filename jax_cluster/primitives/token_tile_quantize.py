@@ -50,12 +50,8 @@ def _abstract_eval(x, sizes, *, rows, dtype, use_kernel):
 def xla_token_tiles(x, sizes, *, rows, dtype, use_kernel=False):
     """The portable form; `sizes` follow ragged_dot's rule and are cut at M here."""
     sizes = clamp_group_sizes(sizes, x.shape[0])
-    sources = jnp.cumsum(sizes) - sizes  # each group's first row in x
-    starts, _ = token_tiles.group_starts(sizes, rows)
-    owner, valid = token_tiles.row_owners(sizes, rows)
-    source = sources[owner] + jnp.arange(rows, dtype=starts.dtype) - starts[owner]
-    taken = jnp.take(x, jnp.where(valid, source, 0), axis=0).astype(jnp.float32)
-    tiles = jnp.where(valid[:, None], taken, 0.0).reshape(rows // SCALE_BLOCK, SCALE_BLOCK, x.shape[1])
+    laid = token_tiles.laid_out(x.astype(jnp.float32), sizes, rows)
+    tiles = laid.reshape(rows // SCALE_BLOCK, SCALE_BLOCK, x.shape[1])
     largest = float(jnp.finfo(dtype).max)
     amax = jnp.max(jnp.abs(tiles), axis=1)
     # times the float32 reciprocal, as the kernel does (XLA turns a division by a constant into this)

@@ -54,3 +54,14 @@ def group_spans(group_sizes, rows: int):
     outside every group are zeros."""
     starts, _ = group_starts(group_sizes, rows)
     return jnp.concatenate([starts[1:], jnp.full((1,), rows, starts.dtype)]) - starts
+
+
+def laid_out(x, sizes, rows: int):
+    """x [M, C] (rows sorted by group; `sizes` already cut at M) in the
+    padded layout: [rows, C], group g's rows from start_g on, zeros elsewhere."""
+    sources = jnp.cumsum(sizes) - sizes  # each group's first row in x
+    starts, _ = group_starts(sizes, rows)
+    owner, valid = row_owners(sizes, rows)
+    source = sources[owner] + jnp.arange(rows, dtype=starts.dtype) - starts[owner]
+    taken = jnp.take(x, jnp.where(valid, source, 0), axis=0)
+    return jnp.where(valid[:, None], taken, jnp.zeros((), x.dtype))

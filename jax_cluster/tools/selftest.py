@@ -260,9 +260,15 @@ def scaled_grouped_operands(key, rows: int, n: int, k: int, groups: int, dtype, 
     kernels' layouts. ragged_m: A [rows, K] (scales K-major), B [G, N, K]
     (each group's K blocks first). ragged_k: A [K, rows] and B [N, rows], both
     in token tiles (scales [rows/128, K] and [rows/128, N]). With `sizes`
-    (int32 [G], ragged_m): MX e8m0 scales in the MX grouped kernel's layouts,
-    whose A scales follow the groups."""
+    (int32 [G]): MX e8m0 scales in the MX grouped kernels' layouts, whose A
+    scales follow the groups (ragged_m), or one layout of each whole
+    operand, rows as K (ragged_k)."""
     ka, kb, ksa, ksb = jax.random.split(key, 4)
+    if sizes is not None and problem == "ragged_k":
+        a = jax.random.normal(ka, (k, rows), jnp.float32).astype(dtype)
+        b = jax.random.normal(kb, (n, rows), jnp.float32).astype(dtype)
+        scale_a = mx_scales.to_kernel_layout(mx_codes(ksa, k, rows), rows)
+        return a, b, scale_a, mx_scales.to_kernel_layout(mx_codes(ksb, n, rows), rows)
     if sizes is not None:
         a = jax.random.normal(ka, (rows, k), jnp.float32).astype(dtype)
         b = jax.random.normal(kb, (groups, n, k), jnp.float32).astype(dtype)

@@ -1,6 +1,7 @@
-"""MXFP8 grouped products (ragged_m): each group's A scales on a row tile of
-the grouped layout, the primitive's float32 fallback, its trace-time checks,
-and the planner's choice of the sm100a MX grouped row."""
+"""MXFP8 grouped products: ragged_m (each group's A scales on a row tile of
+the grouped layout) and the weight gradient (ragged_k over block-aligned
+tokens), the primitive's float32 fallback, its trace-time checks, and the
+planner's choice of the sm100a MX grouped rows."""
 
 import jax
 import jax.numpy as jnp
@@ -9,12 +10,12 @@ import pytest
 
 import jax_cluster
 from jax_cluster import _ffi
-from jax_cluster.ops.fp8_grouped import scaled_grouped_product
+from jax_cluster.ops.fp8_grouped import mx_weight_gradient, scaled_grouped_product
 from jax_cluster.planning import tables
 from jax_cluster.planning.device import DeviceInfo
 from jax_cluster.primitives import mx_scales, token_tiles
 from jax_cluster.primitives.lowering import clamp_group_sizes
-from jax_cluster.primitives.scaled_ragged import scaled_ragged_dot
+from jax_cluster.primitives.scaled_ragged import scaled_ragged_dot, scaled_ragged_k_dot
 
 pytest.importorskip("qwix")
 
@@ -151,7 +152,7 @@ def test_blackwell_plans_take_the_mx_grouped_row_and_explain_what_they_refuse():
     short = _plan(4096, 256, 96, 8)
     assert short.path == "xla" and "K tile 128" in short.reason
     wgrad = _plan(4096, 2048, 7168, 8, problem="ragged_k")
-    assert wgrad.path == "xla" and "MXFP8 weight gradients (ragged_k) have no kernel" in wgrad.reason
+    assert wgrad.path == "kernel" and wgrad.problem == "ragged_k" and wgrad.schedule == "clc"
     hopper = _plan(4096, 2048, 7168, 8, device=H200)
     assert hopper.path == "xla" and "no compiled sm90a ragged_m variant for mxe4m3" in hopper.reason
 
@@ -185,3 +186,67 @@ def test_mx_grouped_operands_scaled_across_n_take_the_dequantized_path():
     out = jax_cluster.ragged_dot(qx, qw, sizes)
     ref = _reference(qx, qw, sizes, "gkn")
     assert np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref) < 1e-2
+
+
+def _mx_wgrad_row() -> str:
+    return next(v.name for v in tables.load_menu() if v.dtype == tables.MX_DTYPE and v.problem == "ragged_k")
+
+
+@pytest.mark.skipif(
+    _mx_wgrad_row() not in _ffi.compiled_variant_names(), reason="the extension has no compiled MX ragged_k row"
+)
+@pytest.mark.parametrize("label", list(SIZES))
+def test_the_mx_weight_gradient_is_each_groups_product_of_its_block_aligned_tokens(label):
+    """Under the MX ragged_k plan, x and dy go to the block-aligned rows in
+    32-row e8m0 blocks, one kernel layout per operand; off CUDA the
+    primitive's fallback computes each group's x^T dy from exactly those values."""
+    rows, k, n = 300, 256, 128
+    sizes = jnp.asarray(SIZES[label], jnp.int32)
+    groups = sizes.shape[0]
+    kx, kd = jax.random.split(jax.random.key(6))
+    x, dy = jax.random.normal(kx, (rows, k)), jax.random.normal(kd, (rows, n))
+    padded = token_tiles.padded_rows(rows, groups)
+    plan = _plan(padded, n, k, groups, problem="ragged_k")
+    assert plan.variant == _mx_wgrad_row()
+    run = jax.jit(lambda x, dy, s: mx_weight_gradient(x, dy, s, jnp.bfloat16, plan))  # the row writes bf16
+    assert "jax_cluster_scaled_ragged_dot_local" in str(jax.make_jaxpr(run)(x, dy, sizes))
+    out = np.asarray(run(x, dy, sizes), np.float64)
+    # the reference: the same MXFP8 rounding of the block-aligned rows, then float64 per group
+    clamped = clamp_group_sizes(sizes, rows)
+    laid = [
+        jax_cluster.dequantize(jax_cluster.quantize(token_tiles.laid_out(v, clamped, padded).T, block=(1, 32)))
+        for v in (x, dy)
+    ]
+    xs, dys = (np.asarray(v, np.float64).T for v in laid)
+    starts, spans = (np.asarray(a) for a in token_tiles.group_starts(clamped, padded))
+    for g in range(groups):
+        part = slice(starts[g], starts[g] + spans[g])
+        want = xs[part].T @ dys[part]
+        np.testing.assert_allclose(out[g], want, rtol=1e-2, atol=1e-2 * max(np.abs(want).max(), 1.0))
+    # and MXFP8's rounding stays near the unquantized product
+    first = np.concatenate([[0], np.cumsum(clamped)[:-1]])
+    exact = np.stack(
+        [np.asarray(x, np.float64)[f : f + s].T @ np.asarray(dy, np.float64)[f : f + s] for f, s in zip(first, clamped)]
+    )
+    assert np.linalg.norm(out - exact) / max(np.linalg.norm(exact), 1e-30) < 6e-2
+
+
+def test_no_mx_weight_gradient_without_a_plan_that_takes_it():
+    x, dy = jnp.ones((64, 128)), jnp.ones((64, 128))
+    assert mx_weight_gradient(x, dy, jnp.asarray([32, 32], jnp.int32), jnp.float32, None) is None  # the CPU
+
+
+def test_bad_mx_weight_gradient_scales_are_refused_at_trace_time():
+    m, n, rows, groups = 256, 128, 384, 2
+    a = jnp.zeros((m, rows), jnp.float8_e4m3fn)
+    b = jnp.zeros((n, rows), jnp.float8_e4m3fn)
+    sizes = jnp.zeros((groups,), jnp.int32)
+    sa = jnp.zeros((mx_scales.layout_size(m, rows),), E8M0)
+    sb = jnp.zeros((mx_scales.layout_size(n, rows),), E8M0)
+    assert jax.eval_shape(scaled_ragged_k_dot, a, b, sa, sb, sizes).shape == (groups, m, n)
+    with pytest.raises(ValueError, match=rf"scale_a must be float8_e8m0fnu \[{sa.shape[0]}\]"):
+        jax.eval_shape(scaled_ragged_k_dot, a, b, sa[:-16], sb, sizes)
+    with pytest.raises(ValueError, match="scale_b must be float8_e8m0fnu"):
+        jax.eval_shape(scaled_ragged_k_dot, a, b, sa, sb[:-16], sizes)
+    with pytest.raises(ValueError, match="MX operands need the rows a multiple of 128"):
+        jax.eval_shape(scaled_ragged_k_dot, a[:, :320], b[:, :320], sa, sb, sizes)

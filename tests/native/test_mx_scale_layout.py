@@ -91,3 +91,52 @@ def test_each_group_of_a_grouped_a_sits_where_its_own_layout_reads_it(cutlass_la
             part = table[table[:, 0] == 0]  # A: (row of the group, K block, byte)
             np.testing.assert_array_equal(laid[aligned * row_bytes + part[:, 3]], codes[first + part[:, 1], part[:, 2]])
         first, aligned = first + size, aligned + -(-size // 128) * 128
+
+
+TOKEN_PROGRAM = """\
+#include <cstdio>
+#include <cstdlib>
+#include <cutlass/detail/sm100_blockscaled_layout.hpp>
+
+// The MX weight gradient's per-group scale layout: the group's shape with the
+// whole operand's strides, from the group's first K tile. Prints, for each
+// (row, K block of the group), the byte of the whole layout it reads.
+int main(int argc, char** argv) {
+  int m = std::atoi(argv[1]), whole = std::atoi(argv[2]), start = std::atoi(argv[3]);
+  int tokens = std::atoi(argv[4]);
+  using Config = cutlass::detail::Sm1xxBlockScaledConfig<%(block)d>;
+  auto all = Config::tile_atom_to_shape_SFA(cute::make_shape(m, 1, whole, 1));
+  auto own = Config::tile_atom_to_shape_SFA(cute::make_shape(m, 1, tokens, 1));
+  auto group = cute::make_layout(own.shape(), all.stride());
+  int first = start / 128 * 512;
+  for (int r = 0; r < m; ++r)
+    for (int kb = 0; kb * %(block)d < tokens; ++kb)
+      std::printf("%%d %%d %%d\\n", r, kb, first + int(group(r, kb * %(block)d, 0)));
+}
+"""
+
+
+def test_each_group_of_the_weight_gradient_reads_its_columns_of_the_whole_layout(tmp_path):
+    """The MX ragged_k kernel reads group g's scales through a layout of the
+    group's own shape with the whole operand's strides, from the group's
+    first token tile on (kernels/cutlass_grouped_gemm.cuh,
+    GroupedMxTokenOperands); the whole operand's scales are one
+    to_kernel_layout, so each group's (row, K block) must land on the byte
+    of (row, start/32 + K block)."""
+    if NVCC is None or CUTLASS is None:
+        pytest.skip("needs nvcc and the nvidia-cutlass headers")
+    include = pathlib.Path(CUTLASS.origin).parent / "source" / "include"
+    source, binary = tmp_path / "token_layout.cu", tmp_path / "token_layout"
+    source.write_text(TOKEN_PROGRAM % {"block": MX_SCALE_BLOCK})
+    subprocess.run([NVCC, "-std=c++17", "-I", str(include), "-o", str(binary), str(source)], check=True)
+    m, whole = 300, 1152  # K' padded in rows; 9 token tiles
+    blocks = whole // MX_SCALE_BLOCK
+    codes = (np.arange(m * blocks) % 250).reshape(m, blocks).astype(np.uint8)
+    laid = np.asarray(mx_scales.to_kernel_layout(jnp.asarray(codes).view(jnp.float8_e8m0fnu), whole).view(jnp.uint8))
+    for start, tokens in ((0, 128), (128, 384), (512, 640)):  # groups on token tiles, the last one to the end
+        lines = subprocess.run(
+            [str(binary), str(m), str(whole), str(start), str(tokens)], check=True, capture_output=True, text=True
+        )
+        table = np.array([list(map(int, line.split())) for line in lines.stdout.splitlines()])
+        assert len(table) == m * tokens // MX_SCALE_BLOCK
+        np.testing.assert_array_equal(laid[table[:, 2]], codes[table[:, 0], start // MX_SCALE_BLOCK + table[:, 1]])

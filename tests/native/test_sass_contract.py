@@ -113,7 +113,9 @@ def sass_by_variant(tmp_path_factory):
         if not names:
             continue
         kernels = gemm_kernels(sass.run_on(cubin, "--dump-sass"))
-        assert len(kernels) == len(names), (cubin.name, names, len(kernels))
+        # rows of one GEMM kernel type share its function: the MX ragged_m and
+        # ragged_k rows differ only in how the preparation lays out each group
+        assert 1 <= len(kernels) <= len(names), (cubin.name, names, len(kernels))
         # the cubin's machine code target (sm_90a, sm_100a) is the arch of every row in it
         target = re.search(r"\.sm_(\d+[a-z]?)\.cubin$", cubin.name)
         assert target, f"cannot read the target of {cubin.name}"

@@ -5,8 +5,9 @@
 // The per-group arrays and tile_start are built on the device from
 // group_sizes (ragged_groups.cuh); the host never sees the sizes.
 // MXFP8 rows (GroupedMxGemm): the block-scaled UMMA over e4m3 A and B with
-// e8m0 scales, one scale-factor pointer and layout per group
-// (GroupedMxOperands in cutlass_grouped_gemm.cuh), ragged_m only.
+// e8m0 scales, one scale-factor pointer and layout per group: ragged_m
+// (GroupedMxOperands in cutlass_grouped_gemm.cuh) and the weight gradient,
+// ragged_k over block-aligned tokens (GroupedMxTokenOperands).
 // Compiled and SASS-checked here; never run (no Blackwell).
 //
 // Contract, workspace and entry points: cutlass_grouped_gemm.cuh.
@@ -18,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 
@@ -86,7 +88,8 @@ template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int Mma
           int MmaK, int Stages, RaggedProblem Problem>
 using GroupedMxGemm =
     TwoSmGroupedGemm<cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmMxf8f6f4Sm100,
-                     GroupedMxOperands, ElementAB, ElementD, LayoutA, LayoutB, MmaM, MmaN, MmaK,
-                     Stages, Problem>;
+                     std::conditional_t<Problem == RaggedProblem::kRaggedM, GroupedMxOperands,
+                                        GroupedMxTokenOperands>,
+                     ElementAB, ElementD, LayoutA, LayoutB, MmaM, MmaN, MmaK, Stages, Problem>;
 
 }  // namespace jax_cluster::sm100
