@@ -1,7 +1,8 @@
 """Grouped GEMMs of wide experts on 2-CTA clusters: the static cluster rows
-(kind grouped_static, CUTLASS's group scheduler, A multicast along N for
-ragged_m and B along M for ragged_k) against the planner's default (the
-work queue on 1x1 clusters) and torch._grouped_mm, one product at a time.
+(kind grouped_static, CUTLASS's group scheduler; ragged_m with A multicast
+along N, and for the forward also B along M as torch runs it; ragged_k with
+B multicast along M) against the planner's default (the work queue on 1x1
+clusters) and torch._grouped_mm, one product at a time.
 
 The three products of one expert weight, as MoEMLP's backward runs them:
 fwd (rows x [G,K,N]), d_lhs (dy x [G,K,N] read as [G,N,K]) and d_rhs (the
@@ -35,10 +36,14 @@ from jax_cluster.tuning import timing  # noqa: E402
 
 # gate (or up) and down of Mixtral 8x7B and 8x22B, DBRX and Phi-3.5-MoE at 8192 tokens
 CASES = "16384x8x4096x14336,16384x8x6144x16384,16384x8x16384x6144,32768x16x6144x10752,16384x16x4096x6400"
+# the static rows of each product by their cluster; the forward also along M (torch's choice)
 STATIC_ROWS = {
-    "fwd": "sm90_grouped_gemm_ragged_m_bf16_bf16_kn_128x256x64_c1x2_s4_grouped_static",
-    "d_lhs": "sm90_grouped_gemm_ragged_m_bf16_bf16_kk_128x256x64_c1x2_s4_grouped_static",
-    "d_rhs": "sm90_grouped_gemm_ragged_k_bf16_bf16_mn_128x256x64_c2x1_s4_grouped_static",
+    "fwd": {
+        "static_1x2": "sm90_grouped_gemm_ragged_m_bf16_bf16_kn_128x256x64_c1x2_s4_grouped_static",
+        "static_2x1": "sm90_grouped_gemm_ragged_m_bf16_bf16_kn_128x256x64_c2x1_s4_grouped_static",
+    },
+    "d_lhs": {"static_1x2": "sm90_grouped_gemm_ragged_m_bf16_bf16_kk_128x256x64_c1x2_s4_grouped_static"},
+    "d_rhs": {"static_2x1": "sm90_grouped_gemm_ragged_k_bf16_bf16_mn_128x256x64_c2x1_s4_grouped_static"},
 }
 
 
@@ -108,10 +113,11 @@ def main(argv=None) -> int:
                 reference = bench_ragged.grouped_reference(case, product, inputs[0])
                 row = {"case": case.shape, "distribution": dist, "product": product, "flops": case.flops}
                 row["default"] = jc_result(case, product, inputs, gs, reference, None)
-                row["static_cluster"] = jc_result(case, product, inputs, gs, reference, STATIC_ROWS[product])
+                for name, variant in STATIC_ROWS[product].items():
+                    row[name] = jc_result(case, product, inputs, gs, reference, variant)
                 settings = argparse.Namespace(iterations=10, torch_note=None)
                 row["torch"] = bench_ragged.bench_torch(case, product, t_state, reference, settings)
-                ms = {k: row[k].get("ms") for k in ("default", "static_cluster", "torch")}
+                ms = {k: row[k].get("ms") for k in ("default", *STATIC_ROWS[product], "torch")}
                 print(case.shape, dist, product, " ".join(f"{k} {v:.3f}" if v else f"{k} -" for k, v in ms.items()))
                 rows.append(row)
                 del reference
