@@ -20,10 +20,18 @@
 
 namespace jax_cluster::sm90 {
 
-// The work queue: a persistent grid; nothing to add but CUTLASS's raster.
-struct WorkQueueScheduling {
-  using ProblemShape = RaggedProblemShape;
-  static constexpr Schedule kSchedule = Schedule::kDynamic;
+// A persistent grid over the device's SMs; nothing to add but CUTLASS's
+// raster. ProblemShape picks CUTLASS's scheduler: RaggedProblemShape the work
+// queue (sm90_dynamic_group_scheduler.cuh, 1x1 clusters); the plain group
+// shape CUTLASS's own static group scheduler, a fixed grid stride through
+// the groups' cluster tiles. That one runs clusters: a cluster's CTAs take
+// neighbouring tiles of one group, so along N (ragged_m) they share the
+// group's rows, multicast A and waste nothing at group edges; along M they
+// share B, and ragged_k's M (K') is not ragged.
+template <class Shape, Schedule S>
+struct PersistentGroupScheduling {
+  using ProblemShape = Shape;
+  static constexpr Schedule kSchedule = S;
   static constexpr bool kTileStart = false;
   struct Launch {
     int cluster_tile_m = 1, tiles_n = 0;  // no tile_start to build
@@ -37,47 +45,33 @@ struct WorkQueueScheduling {
   }
 };
 
-// CUTLASS's own static group scheduler (a fixed grid stride through the
-// groups' cluster tiles), picked by the plain group problem-shape type. It
-// runs clusters: a cluster's CTAs take neighbouring tiles of one group, so
-// with the cluster along N (ragged_m) they share the group's rows, multicast
-// A, and waste nothing at group edges; ragged_k's M (K') is not ragged, so a
-// cluster along M shares B. Every CTA walks the same stride, so no counter.
-struct StaticGroupScheduling {
-  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
-  static constexpr Schedule kSchedule = Schedule::kStatic;
-  static constexpr bool kTileStart = false;
-  struct Launch {
-    int cluster_tile_m = 1, tiles_n = 0;  // no tile_start to build
-    bool fits() const { return true; }
-  };
-  static Launch launch(const GemmProblem&) { return {}; }
-  template <class Args, class Arrays>
-  static void configure(Args& args, const DeviceSlots&, const Arrays&, const Launch&) {
-    args.scheduler.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongM;
-    args.scheduler.max_swizzle_size = 1;
-  }
-};
+using WorkQueueScheduling = PersistentGroupScheduling<RaggedProblemShape, Schedule::kDynamic>;
+using StaticGroupScheduling =
+    PersistentGroupScheduling<cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>,
+                              Schedule::kStatic>;
 
+// The bf16/fp16 rows: CUTLASS's cooperative pointer-array kernel.
 template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
-          int TileK, int ClusterM, int ClusterN, int Stages, RaggedProblem Problem>
-using GroupedStaticGemm =
+          int TileK, int ClusterM, int ClusterN, int Stages, RaggedProblem Problem,
+          class Scheduling>
+using CooperativeGroupedGemm =
     CutlassGroupedGemm<cutlass::arch::Sm90, ElementAB, ElementD, LayoutA, LayoutB,
                        cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>,
                        cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>, Stages,
                        cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
                        cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, Problem,
-                       StaticGroupScheduling>;
+                       Scheduling>;
+
+template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
+          int TileK, int ClusterM, int ClusterN, int Stages, RaggedProblem Problem>
+using GroupedStaticGemm =
+    CooperativeGroupedGemm<ElementAB, ElementD, LayoutA, LayoutB, TileM, TileN, TileK, ClusterM,
+                           ClusterN, Stages, Problem, StaticGroupScheduling>;
 
 template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
           int TileK, int Stages, RaggedProblem Problem>
-using GroupedGemm =
-    CutlassGroupedGemm<cutlass::arch::Sm90, ElementAB, ElementD, LayoutA, LayoutB,
-                       cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>,
-                       cute::Shape<cute::_1, cute::_1, cute::_1>, Stages,
-                       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
-                       cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, Problem,
-                       WorkQueueScheduling>;
+using GroupedGemm = CooperativeGroupedGemm<ElementAB, ElementD, LayoutA, LayoutB, TileM, TileN,
+                                           TileK, 1, 1, Stages, Problem, WorkQueueScheduling>;
 
 // fp8 with float32 block scales: CUTLASS's blockwise-scaled array mainloop on
 // the same work queue, ragged_m (the forward, d_input) with 128x128 weight
