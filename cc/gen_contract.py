@@ -99,7 +99,9 @@ def header(t) -> str:
         f'inline constexpr std::string_view kMxDtype = "{t.MX_DTYPE}";\n'
         f"inline constexpr int kMxScaleBlock = {t.MX_SCALE_BLOCK};\n"
         "// The most groups a decode row takes (its group table lives in shared memory).\n"
-        f"inline constexpr int kDecodeMaxGroups = {t.DECODE_MAX_GROUPS};\n",
+        f"inline constexpr int kDecodeMaxGroups = {t.DECODE_MAX_GROUPS};\n"
+        "// The gated epilogue's B: gate and up columns alternate in blocks of this many.\n"
+        f"inline constexpr int kGateBlock = {t.GATE_BLOCK};\n",
         "// Enumerator values are positions in the table; k*Names[value] is its name.\n"
         + enum("Schedule", t.SCHEDULES),
         enum("Raster", t.RASTERS),

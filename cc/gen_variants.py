@@ -24,6 +24,8 @@ B_LAYOUT = {"k": "cutlass::layout::ColumnMajor", "n": "cutlass::layout::RowMajor
 # The dense kernel template of each arch (in tables.ARCH_NAMESPACES[arch]);
 # grouped rows use their kind's template there, GroupedGemm where it is empty.
 DENSE_TEMPLATES = {"sm90a": "GemmWsPersistent", "sm100a": "GemmTcgen05Persistent"}
+# A grouped row with a fused epilogue runs that epilogue's template instead of its kind's.
+GROUPED_EPILOGUE_TEMPLATES = {"gated": "GroupedGatedGemm"}
 
 
 # A swapped kernel's A is the caller's B and its B the caller's A: B [K,N]
@@ -39,8 +41,9 @@ def _template(t, v) -> str:
     if v.problem != "dense":
         problem = {"ragged_m": "kRaggedM", "ragged_k": "kRaggedK"}[v.problem]
         cluster = f"{v.cluster_m}, {v.cluster_n}, " if t.KINDS[v.kind].get("cluster_in_template") else ""
+        kind = GROUPED_EPILOGUE_TEMPLATES.get(v.epilogue) or kind or "GroupedGemm"
         return (
-            f"{ns}::{kind or 'GroupedGemm'}<{types[v.dtype]}, {types[v.out]}, "
+            f"{ns}::{kind}<{types[v.dtype]}, {types[v.out]}, "
             f"{A_LAYOUT[v.a_major]}, {B_LAYOUT[v.b_major]}, {v.tile_m}, {v.tile_n}, "
             f"{v.tile_k}, {cluster}{v.stages}, RaggedProblem::{problem}>"
         )

@@ -76,6 +76,7 @@ std::vector<Target> targets() {
           {kRaggedDotTarget, ragged_ffi_handlers()},
           {kScaledGemmTarget, scaled_gemm_ffi_handlers()},
           {kScaledRaggedDotTarget, scaled_ragged_ffi_handlers()},
+          {kGatedRaggedDotTarget, gated_ragged_ffi_handlers()},
           {kQuantizeTokenTilesTarget, token_tile_ffi_handlers()}};
 }
 

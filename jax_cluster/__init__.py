@@ -2,7 +2,9 @@
 
 `matmul` and `dot_general` run CUTLASS-based sm90a/sm100a kernels through XLA
 FFI when the planner picks one, and XLA's own dot everywhere else.
-`ragged_dot` is the grouped GEMM (jax.lax.ragged_dot's semantics);
+`ragged_dot` is the grouped GEMM (jax.lax.ragged_dot's semantics), and
+`gated_ragged_dot` the gated one (act(x @ gate) * (x @ up) per group, the
+gate in its epilogue);
 `quantize` / `dequantize` make and read block-scaled fp8 operands (qwix
 QArrays) that the three ops take;
 `linear` is a dense layer's act(x @ W + residual + b) with the epilogue fused
@@ -18,6 +20,7 @@ tuning/ beside the ops and tools/ on top (docs/architecture.md).
 from jax_cluster import _ffi
 from jax_cluster.info import info
 from jax_cluster.ops.dense import dot_general, matmul, plan
+from jax_cluster.ops.gated import gated_ragged_dot, interleave_gate_up, split_gate_up_blocks
 from jax_cluster.ops.linear import linear
 from jax_cluster.ops.quantize import dequantize, quantize
 from jax_cluster.ops.ragged_dot import ragged_dot
@@ -26,6 +29,7 @@ from jax_cluster.planning.device import DeviceInfo
 from jax_cluster.planning.grouped import plan_ragged
 from jax_cluster.planning.plan import Plan
 from jax_cluster.primitives.epilogue import gemm_epilogue_p
+from jax_cluster.primitives.gated import gated_ragged_p
 from jax_cluster.primitives.gemm import gemm_p
 from jax_cluster.primitives.ragged import ragged_dot_p
 from jax_cluster.tuning.autotuner import autotune
@@ -37,9 +41,12 @@ __all__ = [
     "autotune",
     "dequantize",
     "dot_general",
+    "gated_ragged_dot",
+    "gated_ragged_p",
     "gemm_epilogue_p",
     "gemm_p",
     "info",
+    "interleave_gate_up",
     "linear",
     "matmul",
     "plan",
@@ -47,6 +54,7 @@ __all__ = [
     "quantize",
     "ragged_dot",
     "ragged_dot_p",
+    "split_gate_up_blocks",
     "use_autotune_cache",
 ]
 

@@ -4,7 +4,7 @@
 # $RESULTS/logs.tgz after every step and every 30 s, so a run cut off by a
 # time limit still leaves what finished; $RESULTS also gets prebuilt/_ext*.so.
 # Steps: smoke tests checks selftest sweep sanitize sharding lgemms bench grid planner sched walk
-# layers ragged moe decode dense groupedroute gclusters hostcost fp8 fp8grouped fp8wgrad train fp8train fallback pytest (pytest: the tests named by $PYTEST_ARGS;
+# layers ragged gated moe decode dense groupedroute gclusters hostcost fp8 fp8grouped fp8wgrad train fp8train fallback pytest (pytest: the tests named by $PYTEST_ARGS;
 # FP8_TESTS=0: the fp8 step's benchmark only, FP8_ARGS its arguments).
 # Offline machines: put the nvidia-cutlass (and absl-py) wheels in .whl/ first; the
 # ragged and moe steps also want tokamax's (tokamax==0.0.17 einshape qwix immutabledict
@@ -122,6 +122,12 @@ for part in ${STEPS:-tests bench grid}; do
            PYTHONPATH=$PWD/tests/stubs:${PYTHONPATH:-} "$PY" benchmarks/bench_ragged.py --out "$LOGS" ${RAGGED_ARGS:-} 2>&1 | tee "$LOGS/ragged.log" ;;
     decode) step "ragged_dot at decode sizes against its roofline, tokamax and XLA"
            PYTHONPATH=$PWD/tests/stubs:${PYTHONPATH:-} "$PY" benchmarks/bench_ragged_decode.py --out "$LOGS" ${DECODE_ARGS:-} 2>&1 | tee "$LOGS/decode.log" ;;
+    gated) step "gated epilogue: self-test, GPU tests, sanitizer over the gated row, then against the unfused forward"
+           { (cd /tmp && XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" "$PY" -m jax_cluster.selftest --only _gated)
+             "$PYTEST" -q -rs -p no:cacheprovider -k gated tests/gpu/test_gpu_ragged.py
+             JAX_CLUSTER_SANITIZE_VARIANTS=_gated JAX_CLUSTER_SANITIZE_LOGS="$LOGS" "$PYTEST" -q -rs -p no:cacheprovider \
+               -k grouped tests/gpu/test_gpu_sanitizer.py
+             "$PY" benchmarks/bench_gated.py --out "$LOGS" ${GATED_ARGS:-}; } 2>&1 | tee "$LOGS/gated.log" | tail -40 ;;
     moe)   step "MoE MLP forward + backward: jax_cluster, tokamax, XLA (and its experimental paths), torch"
            PYTHONPATH=$PWD/tests/stubs:${PYTHONPATH:-} "$PY" benchmarks/bench_moe_mlp.py --out "$LOGS" ${MOE_ARGS:---experimental-xla} 2>&1 | tee "$LOGS/moe.log" ;;
     fp8)   step "block-scaled fp8: its GPU tests, then against torch._scaled_mm and jax_cluster's bf16"

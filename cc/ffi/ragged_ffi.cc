@@ -1,8 +1,9 @@
 // The grouped GEMM calls (see the contract in kernels/cutlass_grouped_gemm.cuh):
-// kRaggedDotTarget, and kScaledRaggedDotTarget for fp8 operands with float32
-// block scales (or, on MX variants, e8m0 scales). The Plan is resolved once per call site
-// (instantiate stage); each call checks its buffers and launches the grouped variant. Group sizes
-// stay on the device; everything wrong comes back as ffi::Error.
+// kRaggedDotTarget, kScaledRaggedDotTarget for fp8 operands with float32
+// block scales (or, on MX variants, e8m0 scales), and kGatedRaggedDotTarget
+// for the gated epilogue's variants (D = act(gate) * up, half of B's columns). The Plan is resolved
+// once per call site (instantiate stage); each call checks its buffers and launches the grouped
+// variant. Group sizes stay on the device; everything wrong comes back as ffi::Error.
 #include "ffi/ragged_ffi.h"
 
 #include <algorithm>
@@ -52,7 +53,16 @@ std::string problem_from_buffers(const VariantEntry& v, const ffi::AnyBuffer& a,
     if (kb != k)
       return "contracting dimensions differ: A has " + std::to_string(k) + ", B has " +
              std::to_string(kb);
-    if (dd[0] != m || dd[1] != n) return "result must be [rows, N]; got " + shape_text(dd);
+    if (std::string(v.epilogue) == "gated") {  // B's N columns are gate and up blocks
+      if (n % (2 * kGateBlock))
+        return "the gated epilogue needs N a multiple of " + std::to_string(2 * kGateBlock) +
+               " (gate and up blocks of " + std::to_string(kGateBlock) + "), got " +
+               std::to_string(n);
+      if (dd[0] != m || dd[1] != n / 2)
+        return "result must be [rows, N/2] (act(gate) * up); got " + shape_text(dd);
+    } else if (dd[0] != m || dd[1] != n) {
+      return "result must be [rows, N]; got " + shape_text(dd);
+    }
   } else if (v.a_major == 'k') {  // A [K', rows]; B [N', rows]; D [G, K', N'] (block-scaled)
     if (da.size() != 2 || db.size() != 2 || dd.size() != 3)
       return "ragged_k (K-major) takes A [K', rows], B [N', rows] and gives [G, K', N']; got A " +
@@ -74,7 +84,9 @@ std::string problem_from_buffers(const VariantEntry& v, const ffi::AnyBuffer& a,
   if (m > kMax || n > kMax || k > kMax || groups > kMax) return "a dimension exceeds 2^31 - 1";
   // TMA reads every row, and every group starts, at a 16-byte-aligned address.
   int64_t lead_a = ragged_m || v.a_major == 'k' ? k : m, lead_b = v.b_major == 'k' ? k : n;
-  if (std::string err = check_tma_alignment(lead_a, lead_b, n, a, b, d); !err.empty()) return err;
+  if (std::string err = check_tma_alignment(lead_a, lead_b, dd[dd.size() - 1], a, b, d);
+      !err.empty())
+    return err;
   *p = GemmProblem{static_cast<int>(m),      static_cast<int>(n), static_cast<int>(k),
                    static_cast<int>(groups), a.untyped_data(),    b.untyped_data(),
                    d.untyped_data()};
@@ -144,13 +156,17 @@ std::string scales_from_buffers(const VariantEntry& v, const ffi::AnyBuffer& sca
 }
 
 // Refuses, once per call site, a variant the calling target cannot run.
-PlanStateOr instantiate(Plan plan, bool scaled) {
+PlanStateOr instantiate(Plan plan, bool scaled, bool gated = false) {
   std::unique_ptr<PlanState> state = PlanState::resolve(plan);
   if (!state->error().empty()) return std::move(state);
   const VariantEntry& v = state->variant();
   if (std::string(v.problem) == "dense")
     state->refuse(std::string("variant ") + v.name + " is dense: call " +
                   (scaled ? kScaledGemmTarget : kGemmTarget));
+  else if ((std::string(v.epilogue) == "gated") != gated)
+    state->refuse(std::string("variant ") + v.name +
+                  (gated ? " has no gated epilogue: call " + std::string(kRaggedDotTarget)
+                         : " has the gated epilogue: call " + std::string(kGatedRaggedDotTarget)));
   else if (block_scaled(v) != scaled)
     state->refuse(std::string("variant ") + v.name +
                   (scaled ? " is not block-scaled: call " + std::string(kRaggedDotTarget)
@@ -160,6 +176,16 @@ PlanStateOr instantiate(Plan plan, bool scaled) {
 
 PlanStateOr ragged_instantiate(Plan plan) { return instantiate(plan, false); }
 PlanStateOr scaled_ragged_instantiate(Plan plan) { return instantiate(plan, true); }
+
+// The gated target also decodes its activation once per call site.
+PlanStateOr gated_ragged_instantiate(Plan plan, int32_t activation) {
+  PlanStateOr state = instantiate(plan, false, true);
+  if (activation < 0 || activation >= static_cast<int32_t>(std::size(kActivationNames)))
+    (*state)->refuse(std::string("activation must be one of ") + kActivationChoices + ", got " +
+                     std::to_string(activation));
+  else (*state)->epilogue.activation = static_cast<Activation>(activation);
+  return state;
+}
 
 // Both targets' GEMM view of a call's buffers (the scales are null for
 // kRaggedDotTarget); an error names what is wrong.
@@ -179,6 +205,7 @@ ffi::Error ragged_problem(const char* target, const PlanState& state, const ffi:
     if (std::string err = scales_from_buffers(v, *scale_a, *scale_b, problem); !err.empty())
       return invalid(target, err);
   problem->group_sizes = group_sizes.typed_data();
+  problem->epilogue = state.epilogue;  // the gated target's activation
   return ffi::Error::Success();
 }
 
@@ -225,10 +252,26 @@ ffi::Error scaled_ragged_execute(PlanState* state, cudaStream_t stream, ffi::Any
                  *workspace);
 }
 
+ffi::Error gated_ragged_execute(PlanState* state, cudaStream_t stream, ffi::AnyBuffer a,
+                                ffi::AnyBuffer b, ffi::Buffer<ffi::S32> group_sizes,
+                                ffi::Result<ffi::AnyBuffer> d,
+                                ffi::Result<ffi::AnyBuffer> workspace) {
+  return execute(kGatedRaggedDotTarget, state, stream, a, b, nullptr, nullptr, group_sizes, *d,
+                 *workspace);
+}
+
 ffi::Error ragged_record(RecordContext ctx, PlanState* state, cudaStream_t stream, ffi::AnyBuffer a,
                          ffi::AnyBuffer b, ffi::Buffer<ffi::S32> group_sizes,
                          ffi::Result<ffi::AnyBuffer> d, ffi::Result<ffi::AnyBuffer> workspace) {
   return record(kRaggedDotTarget, ctx, state, stream, a, b, nullptr, nullptr, group_sizes, *d,
+                *workspace);
+}
+
+ffi::Error gated_ragged_record(RecordContext ctx, PlanState* state, cudaStream_t stream,
+                               ffi::AnyBuffer a, ffi::AnyBuffer b,
+                               ffi::Buffer<ffi::S32> group_sizes, ffi::Result<ffi::AnyBuffer> d,
+                               ffi::Result<ffi::AnyBuffer> workspace) {
+  return record(kGatedRaggedDotTarget, ctx, state, stream, a, b, nullptr, nullptr, group_sizes, *d,
                 *workspace);
 }
 
@@ -280,6 +323,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaledRaggedExecuteOutsideGraphs, scaled_ragged_ex
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaledRaggedRecord, scaled_ragged_record,
                               with_scaled_buffers(bind_record()));
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    GatedRaggedInstantiate, gated_ragged_instantiate,
+    ffi::Ffi::BindInstantiate().Attr<Plan>("plan").Attr<int32_t>("activation"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GatedRaggedExecute, gated_ragged_execute,
+                              with_buffers(bind_execute()), {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GatedRaggedExecuteOutsideGraphs, gated_ragged_execute,
+                              with_buffers(bind_execute()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GatedRaggedRecord, gated_ragged_record, with_buffers(bind_record()));
+
 HandlerBundle ragged_ffi_handlers() {
   return {RaggedInstantiate, RaggedExecute, RaggedExecuteOutsideGraphs, RaggedRecord};
 }
@@ -287,6 +339,11 @@ HandlerBundle ragged_ffi_handlers() {
 HandlerBundle scaled_ragged_ffi_handlers() {
   return {ScaledRaggedInstantiate, ScaledRaggedExecute, ScaledRaggedExecuteOutsideGraphs,
           ScaledRaggedRecord};
+}
+
+HandlerBundle gated_ragged_ffi_handlers() {
+  return {GatedRaggedInstantiate, GatedRaggedExecute, GatedRaggedExecuteOutsideGraphs,
+          GatedRaggedRecord};
 }
 
 }  // namespace jax_cluster

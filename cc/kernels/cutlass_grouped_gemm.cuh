@@ -214,14 +214,35 @@ struct GroupedMxTokenOperands : GroupedMxOperandsBase {
   }
 };
 
+// How a grouped variant writes D: CUTLASS's collective epilogue for the
+// plain product (D = A·B in D's dtype, no C operand), on `Schedule`.
+// Epilogue policies provide kColumnsPerOutput (GEMM columns per column of
+// D), Collective<...> and arguments(problem, arrays).
+template <class Schedule>
+struct PlainGroupedEpilogue {
+  static constexpr int kColumnsPerOutput = 1;
+  template <class Arch, class OpClass, class TileShape, class ClusterShape, class ElementD,
+            int AlignD>
+  using Collective = typename cutlass::epilogue::collective::CollectiveBuilder<
+      Arch, OpClass, TileShape, ClusterShape, cutlass::epilogue::collective::EpilogueTileAuto,
+      float, float, void, cutlass::layout::RowMajor*, AlignD,  // no C operand: beta = 0
+      ElementD, cutlass::layout::RowMajor*, AlignD, Schedule>::CollectiveOp;
+  template <class Arguments, class Arrays>
+  static Arguments arguments(const GemmProblem&, const Arrays& arrays) {
+    Arguments e{{}, nullptr, nullptr, arrays.d, arrays.stride_d};
+    e.thread.alpha = 1.0f;
+    e.thread.beta = 0.0f;
+    return e;
+  }
+};
+
 // Scheduling provides: ProblemShape (the tag type that selects its CUTLASS
 // scheduler), kSchedule, kTileStart (whether it reads tile_start), a Launch
 // computed from the problem (fits(), cluster_tile_m, tiles_n) and
 // configure(args, slots, arrays, launch) for the scheduler fields.
 template <class Arch, class ElementAB, class ElementD, class LayoutA, class LayoutB,
-          class TileShape, class ClusterShape, int Stages, class MainloopSchedule,
-          class EpilogueSchedule, RaggedProblem Problem, class Scheduling,
-          class Operands = GroupedPlainOperands>
+          class TileShape, class ClusterShape, int Stages, class MainloopSchedule, class Epilogue,
+          RaggedProblem Problem, class Scheduling, class Operands = GroupedPlainOperands>
 struct CutlassGroupedGemm {
   using Value = typename Operands::template Value<ElementAB>;  // what A's and B's buffers hold
   static constexpr int kAlignAB = 16 / sizeof(Value);
@@ -229,10 +250,11 @@ struct CutlassGroupedGemm {
   using ProblemShape = typename Scheduling::ProblemShape;
   using OpClass = typename Operands::OpClass;
 
-  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      Arch, OpClass, TileShape, ClusterShape, cutlass::epilogue::collective::EpilogueTileAuto,
-      float, float, void, cutlass::layout::RowMajor*, kAlignD,  // no C operand: beta = 0
-      ElementD, cutlass::layout::RowMajor*, kAlignD, EpilogueSchedule>::CollectiveOp;
+  using CollectiveEpilogue =
+      typename Epilogue::template Collective<Arch, OpClass, TileShape, ClusterShape, ElementD,
+                                             kAlignD>;
+  static_assert(Epilogue::kColumnsPerOutput == 1 || Problem == RaggedProblem::kRaggedM,
+                "an epilogue that narrows D serves ragged_m");
 
   // the weight gradient's scale tiles run along the ragged rows: groups must start on a tile
   static_assert(!Operands::kBlockScaled ||
@@ -270,12 +292,9 @@ struct CutlassGroupedGemm {
     shapes.num_groups = p.batch;
     shapes.problem_shapes = arrays.shapes;  // on the device only: no host copy
     typename Gemm::Arguments args{
-        cutlass::gemm::GemmUniversalMode::kGrouped,
-        shapes,
+        cutlass::gemm::GemmUniversalMode::kGrouped, shapes,
         Operands::template mainloop<typename CollectiveMainloop::Arguments>(arrays),
-        {{}, nullptr, nullptr, arrays.d, arrays.stride_d}};
-    args.epilogue.thread.alpha = 1.0f;
-    args.epilogue.thread.beta = 0.0f;
+        Epilogue::template arguments<typename CollectiveEpilogue::Arguments>(p, arrays)};
     args.hw_info.device_id = s.device_id;
     args.hw_info.sm_count = s.sm_count;
     args.hw_info.max_active_clusters = s.max_active_clusters;
@@ -308,8 +327,10 @@ struct CutlassGroupedGemm {
                                Operands::kBlockScaled);
     if (l.total > workspace_bytes) return "workspace buffer is smaller than the variant needs";
     Arrays arrays = Workspace::arrays(workspace, l, Scheduling::kTileStart, Operands::kBlockScaled);
+    if (p.n % Epilogue::kColumnsPerOutput) return "N does not split into the epilogue's pairs";
     if (const char* err = Workspace::template prepare<Operands>(
-            p, arrays, 2 * s.sm_count, stream, launch.cluster_tile_m, launch.tiles_n))
+            p, p.n / Epilogue::kColumnsPerOutput, arrays, 2 * s.sm_count, stream,
+            launch.cluster_tile_m, launch.tiles_n))
       return err;
     return initialize_and_run<Gemm>(arguments(p, s, arrays, launch),
                                     static_cast<char*>(workspace) + l.cutlass, stream);

@@ -228,6 +228,12 @@ template <class Kernel>
 struct IsPointerArrayKernel<Kernel, std::void_t<decltype(Kernel::IsGroupedGemmKernel)>>
     : std::bool_constant<Kernel::IsGroupedGemmKernel> {};
 
+template <class Epilogue, class = void>
+struct HasFusionCallbacks : std::false_type {};
+template <class Epilogue>
+struct HasFusionCallbacks<Epilogue, std::void_t<typename Epilogue::FusionCallbacks>>
+    : std::true_type {};
+
 // Whether a launch's workspace initialisation goes through our hooks only.
 // Dense kernels: no workspace, or just the work queue's counter (which CUTLASS
 // rounds up to its workspace alignment, as it does the epilogue's part, so a
@@ -243,8 +249,13 @@ bool workspace_recordable(typename Kernel::Arguments const& args) {
       std::is_base_of_v<sm90::WorkQueueCounter, typename Kernel::TileScheduler>;
   if constexpr (IsPointerArrayKernel<Kernel>::value &&
                 Kernel::ArchTag::kMinComputeCapability == 90) {
-    using Fusion = typename Kernel::CollectiveEpilogue::FusionCallbacks;
-    return counter && Fusion::get_workspace_size(args.problem_shape, args.epilogue.thread) == 0;
+    using Epilogue = typename Kernel::CollectiveEpilogue;
+    if constexpr (HasFusionCallbacks<Epilogue>::value)
+      return counter && Epilogue::FusionCallbacks::get_workspace_size(args.problem_shape,
+                                                                      args.epilogue.thread) == 0;
+    else  // an epilogue of our own (the gated one), without fusion callbacks
+      return counter && Epilogue::get_workspace_size(args.problem_shape, args.epilogue,
+                                                     args.hw_info.sm_count) == 0;
   } else {
     constexpr size_t kUnit = cutlass::MinWorkspaceAlignment;
     const size_t bytes = Kernel::get_workspace_size(args);

@@ -99,9 +99,10 @@ __host__ __device__ constexpr int64_t round_up_to_tile(int64_t rows) {
 // aligned), the output no tile covers: ragged_m, rows [covered, M) of D;
 // ragged_k, D[g] of every group without rows.
 // `rows` is M of the ragged dimension; (m, n, k) is the GEMM view of the
-// launch. Operands (kernels/cutlass_grouped_gemm.cuh) says how the operands'
-// rows are laid out and writes each group's scale arrays:
-// kBlockAlignedGroups (block-scaled ragged_k): A [m, rows] and B [n, rows]
+// launch; ragged_m's D has d_cols columns (n, or n / 2 under the gated
+// epilogue, which writes one column per gate and up pair). Operands
+// (kernels/cutlass_grouped_gemm.cuh) says how the operands' rows are laid out and writes each
+// group's scale arrays: kBlockAlignedGroups (block-scaled ragged_k): A [m, rows] and B [n, rows]
 // hold the rows contiguous, and group g starts at the sum of the earlier
 // sizes each rounded up to kScaleBlock (so no scale tile straddles groups),
 // cut at `rows` like the sizes themselves. Strides are the same for every
@@ -112,9 +113,10 @@ template <RaggedProblem P, class Operands, class Arrays, class StrideA, class St
           class StrideD>
 __global__ void __launch_bounds__(kRaggedPrepThreads)
     prepare_ragged_groups(const int32_t* group_sizes, int groups, int64_t rows, int m, int n, int k,
-                          const void* a, const void* b, void* d, Arrays out, StrideA stride_a,
-                          StrideB stride_b, StrideD stride_d, int cluster_tile_m, int tiles_n,
-                          int64_t row_bytes, const void* scale_a, const void* scale_b) {
+                          int d_cols, const void* a, const void* b, void* d, Arrays out,
+                          StrideA stride_a, StrideB stride_b, StrideD stride_d, int cluster_tile_m,
+                          int tiles_n, int64_t row_bytes, const void* scale_a,
+                          const void* scale_b) {
   constexpr bool kBlockAligned = Operands::kBlockAlignedGroups;
   using Scan = cub::BlockScan<int64_t, kRaggedPrepThreads>;
   __shared__ typename Scan::TempStorage temp, tile_temp, aligned_temp;
@@ -147,7 +149,7 @@ __global__ void __launch_bounds__(kRaggedPrepThreads)
         out.shapes[g] = {g_rows, n, k};
         out.a[g] = static_cast<EA>(a) + start * k;
         out.b[g] = static_cast<EB>(b) + int64_t(g) * n * k;
-        out.d[g] = static_cast<ED>(d) + start * n;
+        out.d[g] = static_cast<ED>(d) + start * d_cols;
       } else if constexpr (kBlockAligned) {
         // A [m, rows] and B [n, rows]: a group is a column slice; an empty one gets no tiles.
         out.shapes[g] = {g_rows > 0 ? m : 0, n, g_rows};

@@ -89,23 +89,24 @@ struct RaggedWorkspace {
   // Builds the per-group arrays from the device-resident group sizes and
   // zeros the output no tile covers, in one launch of `blocks` blocks on
   // `stream`. Operands (kernels/cutlass_grouped_gemm.cuh) lays out the rows
-  // and each group's scales. nullptr on success.
+  // and each group's scales; ragged_m's D has d_cols columns (the epilogue's
+  // output width). nullptr on success.
   template <class Operands>
-  static const char* prepare(const GemmProblem& p, const Arrays& arrays, int blocks,
+  static const char* prepare(const GemmProblem& p, int d_cols, const Arrays& arrays, int blocks,
                              cudaStream_t stream, int cluster_tile_m = 1, int tiles_n = 0) {
     // Row counts: ragged_m splits M (GEMM m); ragged_k splits the contraction (GEMM k).
     int64_t rows = Problem == RaggedProblem::kRaggedM ? p.m : p.k;
     auto stride_a = cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(p.m, p.k, 1));
     auto stride_b = cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(p.n, p.k, 1));
-    auto stride_d = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(p.m, p.n, 1));
+    auto stride_d = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(p.m, d_cols, 1));
     // a variant reads one kind of scales: float32 blocks, or MX bytes
     const void* scale_a = p.mx_scale_a != nullptr ? p.mx_scale_a : p.scale_a;
     const void* scale_b = p.mx_scale_b != nullptr ? p.mx_scale_b : p.scale_b;
     cudaError_t err = launch_or_record(
         &prepare_ragged_groups<Problem, Operands, Arrays, StrideA, StrideB, StrideD>, dim3(blocks),
         dim3(kRaggedPrepThreads), dim3(1, 1, 1), 0, stream, p.group_sizes, p.batch, rows, p.m, p.n,
-        p.k, p.a, p.b, p.d, arrays, stride_a, stride_b, stride_d, cluster_tile_m, tiles_n,
-        int64_t(p.n) * sizeof(ElementD), scale_a, scale_b);
+        p.k, d_cols, p.a, p.b, p.d, arrays, stride_a, stride_b, stride_d, cluster_tile_m, tiles_n,
+        int64_t(d_cols) * sizeof(ElementD), scale_a, scale_b);
     if (err != cudaSuccess) cudaGetLastError();
     return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
   }

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_cluster.ops.fp8_training import check_recipe, fp8_grouped
+from jax_cluster.ops.gated import gated_ragged_dot, split_gate_up_blocks
 from jax_cluster.ops.ragged_dot import ragged_dot as cluster_ragged_dot
 
 # nnx.Linear's default kernel initialiser
@@ -60,3 +61,30 @@ class GroupedLinear(nnx.Module):
         return self.ragged_dot(
             x.astype(dtype), kernel.astype(dtype), group_sizes, preferred_element_type=self.preferred_element_type
         )
+
+    def gated(self, x, group_sizes, activation):
+        """act(gate) * up for a kernel [G, in, 2H] whose columns are gate and
+        up in alternating blocks of 8 (`jax_cluster.interleave_gate_up`).
+        `activation` is a name ("silu", "gelu", "gelu_exact", "relu") or a
+        callable. Named, with this package's ragged_dot and no fp8 recipe,
+        one grouped GEMM with the gate in its epilogue computes it
+        (`jax_cluster.gated_ragged_dot`); otherwise the layer's product, then
+        the gate on XLA."""
+        name = activation if isinstance(activation, str) else _ACTIVATION_NAMES.get(activation)
+        if name is not None and self.fp8 is None and self.ragged_dot is cluster_ragged_dot:
+            kernel = self.kernel[...]
+            dtype = self.dtype or jnp.result_type(x, kernel)
+            return gated_ragged_dot(
+                x.astype(dtype),
+                kernel.astype(dtype),
+                group_sizes,
+                activation=name,
+                preferred_element_type=self.preferred_element_type,
+            )
+        gate, up = split_gate_up_blocks(self(x, group_sizes))
+        act = activation if callable(activation) else getattr(jax.nn, activation)
+        return act(gate) * up
+
+
+# the Flax activations the gated epilogue computes, by the name the kernel knows
+_ACTIVATION_NAMES = {jax.nn.silu: "silu", jax.nn.gelu: "gelu", jax.nn.relu: "relu"}

@@ -12,7 +12,9 @@ from flax import nnx
 from jax_cluster.nn.grouped import GroupedLinear
 from jax_cluster.nn.linear import Linear
 from jax_cluster.ops.dense import dot_general as cluster_dot_general
+from jax_cluster.ops.gated import interleave_gate_up, split_gate_up_blocks
 from jax_cluster.ops.ragged_dot import ragged_dot as cluster_ragged_dot
+from jax_cluster.planning.tables import GATE_BLOCK
 
 
 def route(logits, top_k: int):
@@ -48,13 +50,17 @@ class MoEMLP(nnx.Module):
     token_blocks=1).
 
     `fuse_gate_up=True` keeps gate and up as one [E, D, 2H] kernel `gate_up`
-    (gate in the first H columns) and runs them as one grouped product: the
-    rows are read once, and the backward has one input-gradient product (K =
+    (gate and up columns in alternating blocks of 8; H a multiple of 8) and
+    runs them as one grouped product whose epilogue writes act(gate) * up
+    (`GroupedLinear.gated`, `jax_cluster.gated_ragged_dot`): the rows are
+    read once, the [T, 2H] pre-activation is never written outside
+    differentiation, and the backward has one input-gradient product (K =
     2H) and one weight-gradient product instead of two each. The result is
     the same function; the parameters are laid out differently
-    (`split_gate_up` / `join_gate_up` convert). Measured on the H200, it pays
-    for narrow experts (1.01-1.04x the layer up to H = 2880) and not for wide
-    ones (0.95-1.00x at H = 10752-16384).
+    (`split_gate_up` / `join_gate_up` convert). Measured on the H200 with the
+    gate on XLA, forward + backward, it paid for narrow experts (1.01-1.04x
+    the layer up to H = 2880) and not for wide ones (0.95-1.00x at H =
+    10752-16384).
 
     `fp8="blockwise"` or `"mxfp8"` runs the experts' products in that fp8
     recipe (`GroupedLinear`); the router stays in the layer's dtype.
@@ -100,6 +106,8 @@ class MoEMLP(nnx.Module):
             rngs=rngs,
         )
         if fuse_gate_up:  # lecun_normal depends on fan-in only: each half inits like a separate kernel
+            if hidden % GATE_BLOCK:
+                raise ValueError(f"MoEMLP: fuse_gate_up needs hidden a multiple of {GATE_BLOCK}, got {hidden}")
             self.gate_up = grouped(features, 2 * hidden)
         else:
             self.gate = grouped(features, hidden)
@@ -133,10 +141,9 @@ class MoEMLP(nnx.Module):
         rows = rows.reshape(-1, features)  # [S*T*top_k, D], sorted
         sizes = sizes if blocks > 1 else sizes[0]
         if self.fuse_gate_up:
-            gate, up = jnp.split(self.gate_up(rows, sizes), 2, axis=-1)
+            hidden = self.gate_up.gated(rows, sizes, self.activation)
         else:
-            gate, up = self.gate(rows, sizes), self.up(rows, sizes)
-        hidden = self.activation(gate) * up
+            hidden = self.activation(self.gate(rows, sizes)) * self.up(rows, sizes)
         out = self.down(hidden, sizes).reshape(blocks, per_block * self.top_k, features)
         # back to (token, slot) order, then each token's weighted sum over its slots
         unsorted = _permute_rows(out, unsort)
@@ -165,14 +172,20 @@ def _inverse(permutation):
 
 
 def join_gate_up(gate, up):
-    """[E, D, H] gate and up kernels -> the [E, D, 2H] kernel of `fuse_gate_up=True`."""
-    if gate.shape != up.shape or gate.ndim != 3:
-        raise ValueError(f"join_gate_up: gate and up must be [E, D, H] alike, got {gate.shape} and {up.shape}")
-    return jnp.concatenate([gate, up], axis=-1)
+    """[E, D, H] gate and up kernels -> the [E, D, 2H] kernel of
+    `fuse_gate_up=True` (alternating blocks of 8 columns, gate first)."""
+    if gate.shape != up.shape or gate.ndim != 3 or gate.shape[-1] % GATE_BLOCK:
+        raise ValueError(
+            f"join_gate_up: gate and up must be [E, D, H] alike with H a multiple of {GATE_BLOCK}, "
+            f"got {gate.shape} and {up.shape}"
+        )
+    return interleave_gate_up(gate, up)
 
 
 def split_gate_up(gate_up):
     """The [E, D, 2H] fused kernel -> (gate, up), each [E, D, H]."""
-    if gate_up.ndim != 3 or gate_up.shape[-1] % 2:
-        raise ValueError(f"split_gate_up: expected [E, D, 2H], got {gate_up.shape}")
-    return tuple(jnp.split(gate_up, 2, axis=-1))
+    if gate_up.ndim != 3 or gate_up.shape[-1] % (2 * GATE_BLOCK):
+        raise ValueError(
+            f"split_gate_up: expected [E, D, 2H] with 2H a multiple of {2 * GATE_BLOCK}, got {gate_up.shape}"
+        )
+    return split_gate_up_blocks(gate_up)

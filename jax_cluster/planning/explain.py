@@ -26,7 +26,10 @@ def _decision(p) -> str:
             f"{p.schedule} round-robin over the items of {p.groups} groups."
         )
     over = f" over the tiles of {p.groups} groups" if _ragged(p) else ""
-    fused = ", with the bias, activation and C fused into its epilogue" if (p.epilogue == "bias_act") else ""
+    fused = {
+        "bias_act": ", with the bias, activation and C fused into its epilogue",
+        "gated": ", its epilogue writing act(gate) * up of each gate and up block pair (N/2 columns)",
+    }.get(p.epilogue, "")
     return (
         f"Run {p.variant} on {p.arch}: a {p.cluster_m}x{p.cluster_n} cluster of "
         f"{p.tile_m}x{p.tile_n}x{p.tile_k} tiles, {p.schedule} persistent schedule{over}"
@@ -78,6 +81,8 @@ def _efficiency(p) -> str:
 def _fallback(p) -> str:
     if p.dtype in tables.BLOCK_SCALED_DTYPES:
         return "the ops' bf16 path on the dequantized operands"
+    if p.epilogue == "gated":
+        return "XLA's ragged_dot in float32, then act(gate) * up on XLA"
     if p.problem != "dense":
         return "XLA's ragged_dot"
     if p.device.platform == "cuda" and routing.pads_unit_k(p.m, p.n, p.k, p.batch, tables.NUMPY_DTYPES.get(p.dtype)):

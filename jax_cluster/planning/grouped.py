@@ -58,6 +58,7 @@ def plan_ragged(
     out_dtype=None,
     b_major: str = "n",
     a_major: str | None = None,
+    epilogue: str = "none",
     device=None,
     **overrides,
 ) -> Plan:
@@ -69,7 +70,8 @@ def plan_ragged(
     work queue ("dynamic"), sm100a through Cluster Launch Control ("clc").
     Unpinned calls small enough that XLA's ragged_dot measured faster run on
     XLA's path (routing.py); route="kernel" (or JAX_CLUSTER_ROUTE=kernel)
-    keeps the kernel.
+    keeps the kernel. `epilogue="gated"` (ragged_m) plans the gated
+    product of `jax_cluster.gated_ragged_dot`: n counts gate and up columns.
     """
     if problem not in RAGGED_PROBLEMS:
         raise ValueError(f"plan_ragged(): problem must be one of {RAGGED_PROBLEMS}, got {problem!r}")
@@ -77,11 +79,15 @@ def plan_ragged(
     route = overrides.pop("route", None) or routing.default_route()
     if route not in routing.ROUTES:
         raise ValueError(f"plan_ragged(): route must be one of {routing.ROUTES}, got {route!r}")
+    if epilogue not in ("none", "gated") or (epilogue == "gated" and problem != "ragged_m"):
+        raise ValueError(f"plan_ragged(): epilogue must be 'none', or 'gated' for ragged_m; got {epilogue!r}")
     a_major = a_major or DEFAULT_A_MAJOR[problem]
     dev = describe(device)
     out = dtype_name(out_dtype if out_dtype is not None else dtype)
-    call = Call(problem, int(m), int(n), int(k), int(groups), a_major, b_major, dtype_name(dtype), out)
+    call = Call(problem, int(m), int(n), int(k), int(groups), a_major, b_major, dtype_name(dtype), out, epilogue)
     base = call_base(call, dev)
+    if epilogue == "gated" and n % (2 * tables.GATE_BLOCK):
+        return xla_plan(base, f"N = {n} is not whole gate and up blocks of {tables.GATE_BLOCK} columns")
 
     # group g's rows start at a multiple of the row pitch, so TMA's rule covers every group
     rows, why = menu_rows(dev, call, overrides, "plan_ragged()")

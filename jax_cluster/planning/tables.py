@@ -65,6 +65,10 @@ SCHEDULES_BY_KIND: dict[str, tuple[str, ...]] = {k: tuple(d["schedules"]) for k,
 FFI_TARGETS: dict[str, str] = dict(_CONTRACT["ffi_targets"])
 # The most groups a decode row takes: its CTAs keep every group's rows in shared memory.
 DECODE_MAX_GROUPS: int = _CONTRACT["decode_max_groups"]
+# The gated epilogue's B: gate and up columns alternate in blocks of GATE_BLOCK.
+GATE_BLOCK: int = _CONTRACT["gate_block"]
+# The problem each fused epilogue serves.
+EPILOGUE_PROBLEMS: dict[str, str] = {"bias_act": "dense", "gated": "ragged_m"}
 
 
 def arch_for_compute_capability(cc: tuple[int, int]) -> str | None:
@@ -155,8 +159,8 @@ def _check(row: dict, family: dict) -> None:
         raise ValueError(f"{MENU_PATH.name}: unknown problem {problem!r}")
     if epilogue not in EPILOGUES:
         raise ValueError(f"{MENU_PATH.name}: unknown epilogue {epilogue!r}")
-    if epilogue != "none" and problem != "dense":
-        raise ValueError(f"a fused epilogue needs a dense row: {where}")
+    if epilogue != "none" and problem != EPILOGUE_PROBLEMS[epilogue]:
+        raise ValueError(f"the {epilogue} epilogue needs a {EPILOGUE_PROBLEMS[epilogue]} row: {where}")
     if row.get("swap_ab", False) and (
         family["arch"] != "sm90a" or row["kind"] != "cooperative" or problem != "dense" or epilogue != "none"
     ):

@@ -17,9 +17,9 @@ from jax.interpreters import mlir
 from jax_cluster import _ffi
 from jax_cluster.planning import routing
 from jax_cluster.planning.plan import Plan
-from jax_cluster.planning.tables import ACTIVATIONS, FFI_TARGETS, SCALE_BLOCK
+from jax_cluster.planning.tables import ACTIVATIONS, FFI_TARGETS, GATE_BLOCK, SCALE_BLOCK
 from jax_cluster.primitives import mx_scales, token_tiles
-from jax_cluster.primitives.activations import apply_epilogue
+from jax_cluster.primitives.activations import activation_fn, apply_epilogue
 from jax_cluster.primitives.operands import gemm_dims, ragged_out_shape
 from jax_cluster.primitives.registry import local_primitive
 
@@ -259,6 +259,45 @@ ragged_local_p = local_primitive(
     abstract_eval=_ragged_abstract_eval,
     xla_impl=xla_ragged,
     cuda_lowering=_ragged_cuda_lowering,
+)
+
+
+# --------------------------------------------------------------------------- gated grouped
+
+
+def gate_product(z, activation, out_dtype):
+    """act(gate) * up of z [..., 2H] in gate and up blocks of GATE_BLOCK columns."""
+    blocks = z.astype(jnp.float32).reshape(*z.shape[:-1], z.shape[-1] // (2 * GATE_BLOCK), 2, GATE_BLOCK)
+    h = activation_fn(activation)(blocks[..., 0, :]) * blocks[..., 1, :]
+    return h.reshape(*z.shape[:-1], z.shape[-1] // 2).astype(out_dtype)
+
+
+def _gated_abstract_eval(a, b, group_sizes, *, b_major, activation, out_dtype, plan):
+    rows, n = ragged_out_shape(a.shape, b.shape, group_sizes.shape[0], "ragged_m", b_major)
+    return jax.core.ShapedArray((rows, n // 2), out_dtype)
+
+
+def xla_gated(a, b, group_sizes, *, b_major, activation, out_dtype, plan):
+    """The portable path: the fp32 grouped product, then the gate (what the
+    kernel's epilogue does with its fp32 accumulators)."""
+    z = xla_ragged(a, b, group_sizes, problem="ragged_m", b_major=b_major, out_dtype=np.float32, plan=plan)
+    return gate_product(z, activation, out_dtype)
+
+
+def _gated_cuda_lowering(ctx, a, b, group_sizes, *, b_major, activation, out_dtype, plan: Plan):
+    if not _runs_kernel(plan):
+        fallback = functools.partial(xla_gated, b_major=b_major, activation=activation, out_dtype=out_dtype, plan=plan)
+        return mlir.lower_fun(fallback, multiple_results=False)(ctx, a, b, group_sizes)
+    return lower_kernel_call(
+        ctx, FFI_TARGETS["gated_ragged_dot"], plan, a, b, group_sizes, activation=np.int32(ACTIVATIONS[activation])
+    )
+
+
+gated_local_p = local_primitive(
+    "jax_cluster_gated_ragged_dot_local",
+    abstract_eval=_gated_abstract_eval,
+    xla_impl=xla_gated,
+    cuda_lowering=_gated_cuda_lowering,
 )
 
 

@@ -27,6 +27,7 @@ def fresh(call: Call, device) -> Plan:
             out_dtype=call.out_dtype,
             b_major=call.b_major,
             a_major=call.a_major,
+            epilogue=call.epilogue,
             device=device,
         )
     args = dict(

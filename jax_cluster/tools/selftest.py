@@ -32,8 +32,9 @@ from jax_cluster.planning.tables import ACTIVATIONS
 from jax_cluster.primitives import mx_scales, token_tiles
 from jax_cluster.primitives.activations import apply_epilogue
 from jax_cluster.primitives.epilogue import gemm_epilogue
+from jax_cluster.primitives.gated import gated
 from jax_cluster.primitives.gemm import gemm
-from jax_cluster.primitives.lowering import clamp_group_sizes, xla_scaled_gemm, xla_scaled_ragged
+from jax_cluster.primitives.lowering import clamp_group_sizes, gate_product, xla_scaled_gemm, xla_scaled_ragged
 from jax_cluster.primitives.ragged import ragged
 from jax_cluster.primitives.scaled_gemm import scaled_gemm
 from jax_cluster.primitives.scaled_ragged import scaled_ragged_dot, scaled_ragged_k_dot
@@ -189,7 +190,8 @@ def grouped_cases(v: tables.Variant, clusters: int, quick: bool):
     if not quick:
         sizes = [0, 1, 300, 0, 77, 1000, 5, 0, 640]
         kdim = 1024 if scaled else 1016  # whole scale blocks
-        cases.append(("uneven groups, rows left over", sizes, sum(sizes) + 123, kdim, 744))
+        ndim = 752 if v.epilogue == "gated" else 744  # whole gate and up block pairs
+        cases.append(("uneven groups, rows left over", sizes, sum(sizes) + 123, kdim, ndim))
     if scaled and v.problem == "ragged_k":
         cases = [(label, s, token_tiles.padded_rows(rows, len(s)), k, n) for label, s, rows, k, n in cases]
     return cases
@@ -205,6 +207,7 @@ def grouped_plan(v: tables.Variant, groups: int, rows: int, kdim: int, ndim: int
         out_dtype=v.out,
         b_major=v.b_major,
         a_major=v.a_major,
+        epilogue=v.epilogue,
         device=device,
         variant=v.name,
     )
@@ -214,7 +217,8 @@ def grouped_plan(v: tables.Variant, groups: int, rows: int, kdim: int, ndim: int
 
 
 def _check_grouped(v: tables.Variant, sizes, rows, kdim, ndim, key) -> tuple[float, float]:
-    """ragged_m: [rows, kdim] x [G, kdim, ndim]; ragged_k: [rows, kdim]^T x [rows, ndim] per group."""
+    """ragged_m: [rows, kdim] x [G, kdim, ndim]; ragged_k: [rows, kdim]^T x [rows, ndim] per
+    group. A gated row runs each activation, against act(gate) * up of the float32 product."""
     groups = len(sizes)
     dt = DTYPES[v.dtype]
     ka, kb = jax.random.split(key)
@@ -227,9 +231,21 @@ def _check_grouped(v: tables.Variant, sizes, rows, kdim, ndim, key) -> tuple[flo
     gs = jnp.asarray(sizes, jnp.int32)
     plan = grouped_plan(v, groups, rows, kdim, ndim)
 
+    def products(a, b, gs):
+        """(the kernel's output, the float32 reference's transform) per activation."""
+        if v.epilogue != "gated":
+            out = ragged(a, b, gs, problem=v.problem, b_major=v.b_major, out_dtype=DTYPES[v.out], plan=plan)
+            return [(out, lambda ref: ref)]
+        return [
+            (
+                gated(a, b, gs, b_major=v.b_major, activation=act, out_dtype=DTYPES[v.out], plan=plan),
+                lambda ref, act=act: gate_product(ref, act, jnp.float32),
+            )
+            for act in tables.ACTIVATIONS
+        ]
+
     @jax.jit
     def errors(a, b, gs):
-        out = ragged(a, b, gs, problem=v.problem, b_major=v.b_major, out_dtype=DTYPES[v.out], plan=plan)
         # one-hot group of every row; rows past the groups belong to none
         ends = jnp.cumsum(clamp_group_sizes(gs, rows))
         owner = jnp.searchsorted(ends, jnp.arange(rows), side="right")
@@ -241,15 +257,19 @@ def _check_grouped(v: tables.Variant, sizes, rows, kdim, ndim, key) -> tuple[flo
             ref = jnp.einsum("mg,mk,gkn->mn", onehot, a32, bk, precision=hi)
         else:
             ref = jnp.einsum("mg,mk,mn->gkn", onehot, a32, b32, precision=hi)
-        rel, worst = accuracy.errors(out, ref)
         # rows past the groups (ragged_m) and empty groups (ragged_k) must be exact zeros;
         # known from the groups, not from ref == 0, which random data can also give
         if v.problem == "ragged_m":
             must_be_zero = (onehot.sum(axis=1) == 0)[:, None]
         else:
             must_be_zero = (onehot.sum(axis=0) == 0)[:, None, None]
-        exact_zeros = jnp.where(must_be_zero, out == 0, True).all()
-        return jnp.where(exact_zeros, rel, jnp.inf), jnp.where(exact_zeros, worst, jnp.inf)
+        rels, worsts = [], []
+        for out, transform in products(a, b, gs):
+            rel, worst = accuracy.errors(out, transform(ref))
+            exact_zeros = jnp.where(must_be_zero, out == 0, True).all()
+            rels.append(jnp.where(exact_zeros, rel, jnp.inf))
+            worsts.append(jnp.where(exact_zeros, worst, jnp.inf))
+        return jnp.max(jnp.stack(rels)), jnp.max(jnp.stack(worsts))
 
     rel, worst = jax.device_get(errors(a, b, gs))
     return float(rel), float(worst)

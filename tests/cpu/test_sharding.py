@@ -382,3 +382,16 @@ def test_group_offset_under_shard_map_is_expert_parallel(rhs_layout):
     np.testing.assert_allclose(jax.jit(ours)(lhs, rhs), whole(lhs, rhs), rtol=1e-5, atol=1e-4)
     for got, want in zip(jax.jit(jax.grad(loss(ours), (0, 1)))(lhs, rhs), jax.grad(loss(whole), (0, 1))(lhs, rhs)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
+@needs_8
+def test_gated_product_keeps_row_blocks_whole():
+    """[S, G] sizes with the rows and the blocks sharded: each device gates its own blocks."""
+    mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+    x = randn(20, (8 * 16, 32)).astype(jnp.bfloat16)
+    w = randn(21, (3, 32, 32)).astype(jnp.bfloat16)  # gate and up blocks of 8 interleaved
+    sizes = jnp.asarray(np.random.default_rng(0).integers(0, 7, (8, 3)), jnp.int32)
+    out = jax.jit(jax_cluster.gated_ragged_dot)(put(mesh, x, P("x")), w, put(mesh, sizes, P("x")))
+    assert_sharded(out, mesh, P("x"))
+    whole = jax_cluster.gated_ragged_dot(x, w, sizes)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(whole, np.float32), rtol=1e-2, atol=1e-2)

@@ -23,6 +23,7 @@ from jax_cluster.planning import tables
 from jax_cluster.planning.device import describe
 from jax_cluster.primitives import mx_scales, token_tiles
 from jax_cluster.primitives.epilogue import gemm_epilogue
+from jax_cluster.primitives.gated import gated
 from jax_cluster.primitives.gemm import gemm
 from jax_cluster.primitives.lowering import xla_scaled_ragged
 from jax_cluster.primitives.ragged import ragged
@@ -93,7 +94,8 @@ def _mx_reference(a, b, scale_a, scale_b):
 
 def _grouped(v, key):
     sizes = [0, 77, 1, 200, 0, 150]  # empty, one-row and tile-straddling groups, rows left over
-    rows, kdim, ndim = sum(sizes) + 40, 136, 264
+    rows, kdim = sum(sizes) + 40, 136
+    ndim = 272 if v.epilogue == "gated" else 264  # a ragged column tile; gated: whole gate/up pairs
     plan = grouped_plan(v, len(sizes), rows, kdim, ndim)
     ka, kb = jax.random.split(key)
     dt = DTYPES[v.dtype]
@@ -104,9 +106,15 @@ def _grouped(v, key):
         b_shape = (rows, ndim)
     b = jax.random.normal(kb, b_shape, jnp.float32).astype(dt)
     gs = jnp.asarray(sizes, jnp.int32)
-    run = jax.jit(lambda a, b, gs: ragged(a, b, gs, problem=v.problem, b_major=v.b_major, plan=plan))
-    out = np.asarray(run(a, b, gs).astype(jnp.float32))
     ref = _grouped_reference(np.asarray(a, np.float64), np.asarray(b, np.float64), sizes, v)
+    if v.epilogue == "gated":
+        run = jax.jit(lambda a, b, gs: gated(a, b, gs, b_major=v.b_major, activation="silu", plan=plan))
+        pairs = ref.reshape(rows, -1, 2, tables.GATE_BLOCK)
+        gate, up = pairs[:, :, 0], pairs[:, :, 1]
+        ref = (gate / (1.0 + np.exp(-gate)) * up).reshape(rows, -1)
+    else:
+        run = jax.jit(lambda a, b, gs: ragged(a, b, gs, problem=v.problem, b_major=v.b_major, plan=plan))
+    out = np.asarray(run(a, b, gs).astype(jnp.float32))
     return float(relative_error(out, ref))
 
 

@@ -308,3 +308,30 @@ def test_plan_on_the_gpu_is_queried():
     assert p.residency == "queried" and p.device.source == "queried"
     assert 0 < p.max_active_clusters <= p.sm_count
     assert "8 groups" in p.explain()
+
+
+GATED_CASES = [c for c in CASES if c[3] % 16 == 0 and c[1] > 1]  # N: whole gate/up block pairs
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu"])
+@pytest.mark.parametrize("case", GATED_CASES, ids=[c[0] for c in GATED_CASES])
+def test_gated_epilogue_matches_float32(case, activation):
+    """The gated row's epilogue, act(gate) * up of the interleaved columns,
+    against the activation and product of the separate float32 products."""
+    _, m, k, n, sizes = case
+    p = jax_cluster.plan_ragged(m, n, k, len(sizes), problem="ragged_m", dtype=jnp.bfloat16, epilogue="gated")
+    assert p.path == "kernel", f"gated {m}x{n}x{k} fell back: {p.reason}"
+    x = randn((m, k), jnp.bfloat16)
+    gate, up = randn((len(sizes), k, n // 2), jnp.bfloat16), randn((len(sizes), k, n // 2), jnp.bfloat16)
+    out = jax.jit(lambda *a: jax_cluster.gated_ragged_dot(*a, activation=activation, plan=p))(
+        x, jax_cluster.interleave_gate_up(gate, up), jnp.asarray(sizes, jnp.int32)
+    )
+    act = {"silu": jax.nn.silu, "gelu": jax.nn.gelu}[activation]
+    ref = np.zeros((m, n // 2), np.float32)
+    for g, (lo, hi) in enumerate(group_bounds(sizes, m)):
+        xs = x[lo:hi].astype(jnp.float32)
+        hg = jnp.dot(xs, gate[g].astype(jnp.float32), precision=HIGHEST)
+        ref[lo:hi] = act(hg) * jnp.dot(xs, up[g].astype(jnp.float32), precision=HIGHEST)
+    assert rel_error(out, ref) < tolerance(jnp.bfloat16)
+    covered = max(hi for _, hi in group_bounds(sizes, m))
+    assert (np.asarray(out[covered:]) == 0).all()  # rows past the groups: exact zeros

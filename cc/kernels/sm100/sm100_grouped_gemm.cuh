@@ -75,8 +75,8 @@ using TwoSmGroupedGemm =
     CutlassGroupedGemm<cutlass::arch::Sm100, ElementAB, ElementD, LayoutA, LayoutB,
                        cute::Shape<cute::Int<MmaM>, cute::Int<MmaN>, cute::Int<MmaK>>,
                        cute::Shape<cute::_2, cute::_1, cute::_1>, Stages, MainloopSchedule,
-                       cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm, Problem,
-                       ClcScheduling<Problem, MmaM, MmaN, /*ClusterM=*/2>, Operands>;
+                       PlainGroupedEpilogue<cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm>,
+                       Problem, ClcScheduling<Problem, MmaM, MmaN, /*ClusterM=*/2>, Operands>;
 
 template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int MmaM, int MmaN,
           int MmaK, int Stages, RaggedProblem Problem>

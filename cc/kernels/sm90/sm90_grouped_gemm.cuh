@@ -17,6 +17,7 @@
 #include "common/gemm_problem.h"
 #include "kernels/cutlass_grouped_gemm.cuh"
 #include "kernels/sm90/sm90_dynamic_group_scheduler.cuh"
+#include "kernels/sm90/sm90_gated_epilogue.cuh"
 
 namespace jax_cluster::sm90 {
 
@@ -50,17 +51,19 @@ using StaticGroupScheduling =
     PersistentGroupScheduling<cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>,
                               Schedule::kStatic>;
 
+using CooperativeEpilogue =
+    PlainGroupedEpilogue<cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
+
 // The bf16/fp16 rows: CUTLASS's cooperative pointer-array kernel.
 template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
           int TileK, int ClusterM, int ClusterN, int Stages, RaggedProblem Problem,
-          class Scheduling>
+          class Scheduling, class Epilogue = CooperativeEpilogue>
 using CooperativeGroupedGemm =
     CutlassGroupedGemm<cutlass::arch::Sm90, ElementAB, ElementD, LayoutA, LayoutB,
                        cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>,
                        cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>, Stages,
-                       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
-                       cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, Problem,
-                       Scheduling>;
+                       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative, Epilogue,
+                       Problem, Scheduling>;
 
 template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
           int TileK, int ClusterM, int ClusterN, int Stages, RaggedProblem Problem>
@@ -72,6 +75,14 @@ template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int Til
           int TileK, int Stages, RaggedProblem Problem>
 using GroupedGemm = CooperativeGroupedGemm<ElementAB, ElementD, LayoutA, LayoutB, TileM, TileN,
                                            TileK, 1, 1, Stages, Problem, WorkQueueScheduling>;
+
+// The gated rows: the work-queue kernel whose epilogue writes act(gate) * up
+// (sm90_gated_epilogue.cuh) straight from the accumulators.
+template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
+          int TileK, int Stages, RaggedProblem Problem>
+using GroupedGatedGemm =
+    CooperativeGroupedGemm<ElementAB, ElementD, LayoutA, LayoutB, TileM, TileN, TileK, 1, 1, Stages,
+                           Problem, WorkQueueScheduling, GatedGroupedEpilogue>;
 
 // fp8 with float32 block scales: CUTLASS's blockwise-scaled array mainloop on
 // the same work queue, ragged_m (the forward, d_input) with 128x128 weight
@@ -86,8 +97,7 @@ using GroupedBlockwiseGemm =
                        cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>,
                        cute::Shape<cute::_1, cute::_1, cute::_1>, Stages,
                        cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise,
-                       cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, Problem,
-                       WorkQueueScheduling,
+                       CooperativeEpilogue, Problem, WorkQueueScheduling,
                        std::conditional_t<Problem == RaggedProblem::kRaggedM,
                                           GroupedBlockScaledOperands, GroupedTokenScaledOperands>>;
 
