@@ -138,8 +138,8 @@ def menu_rows(dev: DeviceInfo, call: Call, overrides: dict, caller: str) -> tupl
         rows = [v for v in rows if v.validated]
         if not rows:
             return [], (
-                f"{', '.join(unvalidated)} has not run on a GPU yet, so only a plan that pins it "
-                "(variant= or tile=) takes it"
+                f"{', '.join(unvalidated)} is outside the ranking (not run on a GPU yet, or no faster than "
+                "the default), so only a plan that pins it (variant= or tile=) takes it"
             )
     return rows, ""
 

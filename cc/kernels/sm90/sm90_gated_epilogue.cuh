@@ -29,6 +29,21 @@ namespace jax_cluster::sm90 {
 
 static_assert(kGateBlock == 8, "the gated epilogue pairs one column step of the wgmma fragment");
 
+// The gate's activations on the special-function unit (MUFU's exponential
+// and reciprocal): a few float32 ulp, far below the bf16 or fp16 result's
+// rounding, and a handful of instructions where expf and an IEEE division
+// take dozens; the epilogue runs them on half the tile between two
+// mainloops. gelu's 0.5 * (1 + tanh(u)) is sigmoid(2u). The exponent is
+// capped so 1 + e stays finite: the fast division's divisor must.
+namespace gate_math {
+CUTLASS_DEVICE float sigmoid(float x) { return __fdividef(1.0f, 1.0f + __expf(fminf(-x, 80.0f))); }
+CUTLASS_DEVICE float silu(float x) { return x * sigmoid(x); }
+CUTLASS_DEVICE float gelu_tanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return x * sigmoid(2.0f * kSqrt2OverPi * (x + 0.044715f * x * x * x));
+}
+}  // namespace gate_math
+
 // A pointer-array epilogue without shared memory, in the form CUTLASS's
 // Sm90TmaWarpSpecializedAdapter runs inside the cooperative array kernel:
 // each consumer thread writes its own accumulators' gated pairs.
@@ -99,9 +114,9 @@ class GatedEpilogueArray {
     };
     switch (params_.activation) {
       case Activation::kRelu: return go([](float x) { return activation::relu(x); });
-      case Activation::kGelu: return go([](float x) { return activation::gelu_tanh(x); });
+      case Activation::kGelu: return go([](float x) { return gate_math::gelu_tanh(x); });
       case Activation::kGeluExact: return go([](float x) { return activation::gelu_erf(x); });
-      case Activation::kSilu: return go([](float x) { return activation::silu(x); });
+      case Activation::kSilu: return go([](float x) { return gate_math::silu(x); });
       default: return go([](float x) { return x; });
     }
   }
