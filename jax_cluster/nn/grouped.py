@@ -9,6 +9,7 @@ from flax import nnx
 from jax_cluster.ops.fp8_training import check_recipe, fp8_grouped
 from jax_cluster.ops.gated import gated_ragged_dot, split_gate_up_blocks
 from jax_cluster.ops.ragged_dot import ragged_dot as cluster_ragged_dot
+from jax_cluster.primitives.activations import activation_fn
 
 # nnx.Linear's default kernel initialiser
 LINEAR_KERNEL_INIT = nnx.initializers.lecun_normal()
@@ -82,8 +83,7 @@ class GroupedLinear(nnx.Module):
                 preferred_element_type=self.preferred_element_type,
             )
         gate, up = split_gate_up_blocks(self(x, group_sizes))
-        act = activation if callable(activation) else getattr(jax.nn, activation)
-        return act(gate) * up
+        return (activation_fn(activation) if isinstance(activation, str) else activation)(gate) * up
 
 
 # the Flax activations the gated epilogue computes, by the name the kernel knows

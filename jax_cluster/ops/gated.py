@@ -13,7 +13,8 @@ import numpy as np
 from jax_cluster.ops.ragged_dot import ragged_dot
 from jax_cluster.planning.plan import Plan
 from jax_cluster.planning.tables import GATE_BLOCK
-from jax_cluster.primitives.gated import check_activation, deinterleave, gated, interleave
+from jax_cluster.primitives import plans
+from jax_cluster.primitives.gated import check_activation, deinterleave, gated, gated_call, interleave
 from jax_cluster.primitives.lowering import gate_product
 from jax_cluster.primitives.operands import SUPPORTED_DTYPES
 
@@ -57,8 +58,9 @@ def gated_ragged_dot(
     On sm90a with bf16 or fp16 inputs in the "gkn" layout, one grouped GEMM
     computes it: its epilogue multiplies each gate value by its up value in
     the fp32 accumulators and writes only the [M, H] product, so the [M, 2H]
-    pre-activation never reaches memory. Elsewhere XLA computes the same
-    formula from an fp32 product.
+    pre-activation never reaches memory. Where no gated kernel takes the
+    call, the plain grouped product (`ragged_dot`, with its own plan) is
+    gated on XLA.
 
     Differentiable in lhs and rhs. The backward needs gate and up, so a
     differentiated call's forward runs the plain grouped product [M, 2H]
@@ -83,7 +85,13 @@ def gated_ragged_dot(
     if jnp.dtype(dtype) not in SUPPORTED_DTYPES or out not in SUPPORTED_DTYPES:  # XLA computes it all
         z = ragged_dot(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, rhs_layout=rhs_layout)
         return gate_product(z, activation, out)
-    return _gated(lhs, rhs, _int32_sizes(group_sizes, lhs.shape[0]), activation, _B_MAJOR[rhs_layout], out, plan)
+    sizes, b_major = _int32_sizes(group_sizes, lhs.shape[0]), _B_MAJOR[rhs_layout]
+    call = gated_call(lhs.shape, rhs.shape, sizes.shape, b_major, dtype, out)
+    chosen = plans.choose(call, plan, None, _WHO)
+    if not chosen.uses_kernel and plan is None:  # no gated kernel: the plain product's own plan, then the gate
+        z = ragged_dot(lhs, rhs, sizes, preferred_element_type=out, rhs_layout=rhs_layout)
+        return gate_product(z, activation, out)
+    return _gated(lhs, rhs, sizes, activation, b_major, out, chosen)
 
 
 def _int32_sizes(group_sizes, rows):

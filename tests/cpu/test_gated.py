@@ -46,21 +46,35 @@ def test_matches_float64_reference(activation, rhs_layout):
     w = jax_cluster.interleave_gate_up(gate, up)
     if rhs_layout == "gnk":
         w = jnp.swapaxes(w, 1, 2)
-    out = jax.jit(lambda *a: jax_cluster.gated_ragged_dot(*a, activation=activation, rhs_layout=rhs_layout))(
-        x, w, jnp.asarray(sizes, jnp.int32)
-    )
-    assert out.shape == (m, h)
-    assert rel_error(out, gated_reference(x, gate, up, sizes, activation)) < 1e-5
+    ref = gated_reference(x, gate, up, sizes, activation)
+    b_major = "n" if rhs_layout == "gkn" else "k"
+    # unplanned, and with a gated plan: its primitive (whose fallback here is XLA's)
+    for plan in (None, _gated_plan(m, 2 * h, k, 5, jnp.float32, b_major=b_major)):
+        out = jax.jit(
+            lambda *a, plan=plan: jax_cluster.gated_ragged_dot(
+                *a, activation=activation, rhs_layout=rhs_layout, plan=plan
+            )
+        )(x, w, jnp.asarray(sizes, jnp.int32))
+        assert out.shape == (m, h)
+        assert rel_error(out, ref) < 1e-5
 
 
-def test_bf16_with_any_integer_sizes_and_row_blocks():
+@pytest.mark.parametrize("planned", [False, True])
+def test_bf16_with_any_integer_sizes_and_row_blocks(planned):
     x = randn((64, 32), jnp.bfloat16)
     gate, up = randn((4, 32, 24), jnp.bfloat16), randn((4, 32, 24), jnp.bfloat16)
     w = jax_cluster.interleave_gate_up(gate, up)
     sizes = np.array([[10, 0, 12, 5], [3, 20, 0, 9]])
-    out = jax_cluster.gated_ragged_dot(x, w, jnp.asarray(sizes, jnp.uint8), preferred_element_type=jnp.float32)
+    plan = _gated_plan(32, 48, 32, 4, jnp.bfloat16, out_dtype=jnp.float32) if planned else None
+    out = jax_cluster.gated_ragged_dot(
+        x, w, jnp.asarray(sizes, jnp.uint8), preferred_element_type=jnp.float32, plan=plan
+    )
     ref = np.concatenate([gated_reference(x[i * 32 : (i + 1) * 32], gate, up, s, "silu") for i, s in enumerate(sizes)])
     assert out.dtype == jnp.float32 and rel_error(out, ref) < 1e-2
+
+
+def _gated_plan(m, n, k, groups, dtype, **kw):
+    return jax_cluster.plan_ragged(m, n, k, groups, problem="ragged_m", dtype=dtype, epilogue="gated", **kw)
 
 
 def test_gradient_matches_the_separate_products():
@@ -76,10 +90,17 @@ def test_gradient_matches_the_separate_products():
         g, u = jax.lax.ragged_dot(x, gate, sizes), jax.lax.ragged_dot(x, up, sizes)
         return (activation_fn("gelu")(g) * u * dy).sum()
 
-    dx, dw = jax.jit(jax.grad(ours, argnums=(0, 1)))(x, jax_cluster.interleave_gate_up(gate, up))
     rx, rg, ru = jax.grad(theirs, argnums=(0, 1, 2))(x, gate, up)
-    assert rel_error(dx, rx) < 1e-5
-    assert rel_error(dw, jax_cluster.interleave_gate_up(rg, ru)) < 1e-5
+    x16, w16 = x.astype(jnp.bfloat16), jax_cluster.interleave_gate_up(gate, up).astype(jnp.bfloat16)
+    plan = _gated_plan(30, 16, 16, 4, jnp.bfloat16)
+
+    def ours16(x, w):  # through the custom VJP of the gated primitive
+        return (jax_cluster.gated_ragged_dot(x, w, sizes, activation="gelu", plan=plan) * dy).sum()
+
+    for f, (a, b), tol in ((ours, (x, jax_cluster.interleave_gate_up(gate, up)), 1e-5), (ours16, (x16, w16), 2e-2)):
+        dx, dw = jax.jit(jax.grad(f, argnums=(0, 1)))(a, b)
+        assert rel_error(dx, rx) < tol
+        assert rel_error(dw, jax_cluster.interleave_gate_up(rg, ru)) < tol
 
 
 def test_vmap_loops_over_the_mapped_axis():

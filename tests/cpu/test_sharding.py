@@ -391,7 +391,9 @@ def test_gated_product_keeps_row_blocks_whole():
     x = randn(20, (8 * 16, 32)).astype(jnp.bfloat16)
     w = randn(21, (3, 32, 32)).astype(jnp.bfloat16)  # gate and up blocks of 8 interleaved
     sizes = jnp.asarray(np.random.default_rng(0).integers(0, 7, (8, 3)), jnp.int32)
-    out = jax.jit(jax_cluster.gated_ragged_dot)(put(mesh, x, P("x")), w, put(mesh, sizes, P("x")))
+    plan = jax_cluster.plan_ragged(16, 32, 32, 3, problem="ragged_m", dtype=jnp.bfloat16, epilogue="gated")
+    gated = jax.jit(lambda x, w, s: jax_cluster.gated_ragged_dot(x, w, s, plan=plan))  # the gated primitive
+    out = gated(put(mesh, x, P("x")), w, put(mesh, sizes, P("x")))
     assert_sharded(out, mesh, P("x"))
     whole = jax_cluster.gated_ragged_dot(x, w, sizes)
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(whole, np.float32), rtol=1e-2, atol=1e-2)
