@@ -164,3 +164,21 @@ def test_fused_activation_branches_once_per_subtile(v, sass_by_variant):
         pytest.skip(f"{v.arch} not built")
     tables = max(len(re.findall(r"\bBRX\b", text)) for text in sass_by_variant[v.name])
     assert tables <= MAX_ACTIVATION_JUMP_TABLES, f"{v.name}'s unit: {tables} indirect branches (BRX)"
+
+
+@pytest.mark.parametrize("v", [v for v in tables.load_menu() if v.epilogue == "gated"], ids=lambda v: v.name)
+def test_gated_epilogue_stores_from_registers_with_fast_activations(v, sass_by_variant):
+    """The gated row is its unit's one GEMM kernel without a TMA store (its
+    epilogue writes from registers), its gates run on the special-function
+    unit (MUFU exponentials; the fast division adds no subroutine call over
+    the plain kernels'), and it does not spill."""
+    if v.name not in _ffi.compiled_variant_names():
+        pytest.skip(f"{v.arch} not built")
+    kernels = sass_by_variant[v.name]
+    gated = [k for k in kernels if "UTMASTG" not in k]
+    plain = [k for k in kernels if "UTMASTG" in k]
+    assert len(gated) == 1, f"{v.name}'s unit: {len(gated)} kernels without a TMA store"
+    assert len(re.findall(r"\bMUFU\.EX2\b", gated[0])) >= 64, "the gate's exponentials are not on MUFU"
+    calls = len(re.findall(r"\bCALL\b", gated[0]))
+    assert calls <= max((len(re.findall(r"\bCALL\b", k)) for k in plain), default=calls), "slow-path calls"
+    assert not re.search(r"\b(LDL|STL)\b", gated[0]), "the gated kernel spills to local memory"
