@@ -62,7 +62,8 @@ def gated_ragged_dot(
     call, the plain grouped product (`ragged_dot`, with its own plan) is
     gated on XLA.
 
-    Differentiable in lhs and rhs. The backward needs gate and up, so a
+    Differentiable in lhs and rhs (reverse mode: a custom VJP, so jax.jvp
+    does not apply). The backward needs gate and up, so a
     differentiated call's forward runs the plain grouped product [M, 2H]
     (kept for the backward) and gates it on XLA; the backward is that
     product's, through act's derivative. `plan` pins the forward:
