@@ -35,13 +35,9 @@ ffi::Error invalid(const std::string& msg) {
 
 // "" when the activation code is one the contract names; fills the scalars.
 std::string epilogue_scalars(float alpha, float beta, int32_t activation, EpilogueArgs* e) {
-  if (activation < 0 || activation >= static_cast<int32_t>(std::size(kActivationNames)))
-    return std::string("activation must be one of ") + kActivationChoices + ", got " +
-           std::to_string(activation);
   e->alpha = alpha;
   e->beta = beta;
-  e->activation = static_cast<Activation>(activation);
-  return "";
+  return activation_from_attr(activation, &e->activation);
 }
 
 // "" when bias and C fit D; fills the buffers of the epilogue of `p`.

@@ -180,10 +180,7 @@ PlanStateOr scaled_ragged_instantiate(Plan plan) { return instantiate(plan, true
 // The gated target also decodes its activation once per call site.
 PlanStateOr gated_ragged_instantiate(Plan plan, int32_t activation) {
   PlanStateOr state = instantiate(plan, false, true);
-  if (activation < 0 || activation >= static_cast<int32_t>(std::size(kActivationNames)))
-    (*state)->refuse(std::string("activation must be one of ") + kActivationChoices + ", got " +
-                     std::to_string(activation));
-  else (*state)->epilogue.activation = static_cast<Activation>(activation);
+  (*state)->refuse(activation_from_attr(activation, &(*state)->epilogue.activation));
   return state;
 }
 

@@ -10,13 +10,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_cluster.ops.ragged_dot import ragged_dot
+from jax_cluster.ops.ragged_dot import int32_group_sizes, ragged_dot
 from jax_cluster.planning.plan import Plan
 from jax_cluster.planning.tables import GATE_BLOCK
 from jax_cluster.primitives import plans
-from jax_cluster.primitives.gated import check_activation, deinterleave, gated, gated_call, interleave
+from jax_cluster.primitives.gated import check_activation, gated, gated_call
 from jax_cluster.primitives.lowering import gate_product
-from jax_cluster.primitives.operands import SUPPORTED_DTYPES
+from jax_cluster.primitives.operands import SUPPORTED_DTYPES, deinterleave, interleave
 
 _B_MAJOR = {"gkn": "n", "gnk": "k"}
 _WHO = "jax_cluster.gated_ragged_dot"
@@ -86,21 +86,13 @@ def gated_ragged_dot(
     if jnp.dtype(dtype) not in SUPPORTED_DTYPES or out not in SUPPORTED_DTYPES:  # XLA computes it all
         z = ragged_dot(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, rhs_layout=rhs_layout)
         return gate_product(z, activation, out)
-    sizes, b_major = _int32_sizes(group_sizes, lhs.shape[0]), _B_MAJOR[rhs_layout]
+    sizes, b_major = int32_group_sizes(group_sizes, lhs.shape[0]), _B_MAJOR[rhs_layout]
     call = gated_call(lhs.shape, rhs.shape, sizes.shape, b_major, dtype, out)
     chosen = plans.choose(call, plan, None, _WHO)
     if not chosen.uses_kernel and plan is None:  # no gated kernel: the plain product's own plan, then the gate
         z = ragged_dot(lhs, rhs, sizes, preferred_element_type=out, rhs_layout=rhs_layout)
         return gate_product(z, activation, out)
     return _gated(lhs, rhs, sizes, activation, b_major, out, chosen)
-
-
-def _int32_sizes(group_sizes, rows):
-    """Sizes past the rows change no group's span, so any integer dtype
-    narrows to int32 by a clip at the rows (or its dtype's largest value)."""
-    if group_sizes.dtype == jnp.int32:
-        return group_sizes
-    return jnp.clip(group_sizes, 0, min(rows, int(jnp.iinfo(group_sizes.dtype).max))).astype(jnp.int32)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))

@@ -161,11 +161,11 @@ def _group_spans(group_sizes, group_offset, local: int, rows: int):
     """(int32 sizes of the groups the product runs, first rows to zero or
     None): all groups without group_offset, else the `local` ones from it."""
     if group_offset is None:
-        return _int32_sizes(group_sizes, rows), None
+        return int32_group_sizes(group_sizes, rows), None
     return _local_groups(_clipped_int32(group_sizes, rows), group_offset, local, rows)
 
 
-def _int32_sizes(group_sizes, rows):
+def int32_group_sizes(group_sizes, rows):
     """Group sizes as int32 under the kernels' rule. int32 sizes pass as they
     are: the kernels and both XLA paths clamp them themselves, and a clip here
     would be one more XLA kernel per call (2 us at decode sizes)."""

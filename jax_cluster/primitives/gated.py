@@ -15,10 +15,8 @@ gate block from its up block).
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.interpreters import batching
 from jax.sharding import NamedSharding
 
 from jax_cluster.planning.call import Call
@@ -31,28 +29,6 @@ from jax_cluster.primitives.registry import partitioned_primitive
 from jax_cluster.primitives.specs import choose_axes, dim_axes, spec_of
 
 _WHO = "jax_cluster.gated_ragged_dot"
-
-
-def interleave(gate, up):
-    """[..., H] gate and up -> [..., 2H] in alternating blocks of GATE_BLOCK columns."""
-    if gate.shape != up.shape or gate.shape[-1] % GATE_BLOCK:
-        raise ValueError(
-            f"{_WHO}: gate and up must have one shape whose last dimension is a multiple of "
-            f"{GATE_BLOCK}, got {gate.shape} and {up.shape}"
-        )
-    blocks = (*gate.shape[:-1], gate.shape[-1] // GATE_BLOCK, 1, GATE_BLOCK)
-    both = jnp.concatenate([gate.reshape(blocks), up.reshape(blocks)], axis=-2)
-    return both.reshape(*gate.shape[:-1], 2 * gate.shape[-1])
-
-
-def deinterleave(gate_up):
-    """The inverse of `interleave`: [..., 2H] -> (gate, up), each [..., H]."""
-    width = gate_up.shape[-1]
-    if width % (2 * GATE_BLOCK):
-        raise ValueError(f"{_WHO}: the last dimension {width} is not a multiple of {2 * GATE_BLOCK}")
-    blocks = gate_up.reshape(*gate_up.shape[:-1], width // (2 * GATE_BLOCK), 2, GATE_BLOCK)
-    half = (*gate_up.shape[:-1], width // 2)
-    return blocks[..., 0, :].reshape(half), blocks[..., 1, :].reshape(half)
 
 
 def check_activation(activation) -> str:
@@ -134,18 +110,6 @@ def _partition(b_major, activation, out_dtype, plan, mesh, arg_shapes, result_sh
     return mesh, per_shard, out, (lhs, NamedSharding(mesh, spec_of(("g", "k", "n"), chosen)), sizes_spec)
 
 
-def _batch_rule(args, dims, **params):
-    """A loop (lax.map) over the vmapped axis, as ragged_dot_p's."""
-    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
-    moved = [None if d is None else batching.bdim_at_front(x, d, size) for x, d in zip(args, dims)]
-
-    def one(batched):
-        it = iter(batched)
-        return gated_ragged_p.bind(*[x if m is None else next(it) for x, m in zip(args, moved)], **params)
-
-    return lax.map(one, [m for m in moved if m is not None]), 0
-
-
 gated_ragged_p = partitioned_primitive(
     "jax_cluster_gated_ragged_dot",
     static=("b_major", "activation", "out_dtype", "plan"),
@@ -153,7 +117,7 @@ gated_ragged_p = partitioned_primitive(
     whole=_blockwise,
     partition=_partition,
     sharding_rule=_sharding_rule,
-    batch_rule=_batch_rule,
+    batch_rule="loop",
 )
 
 

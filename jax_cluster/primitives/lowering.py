@@ -17,10 +17,10 @@ from jax.interpreters import mlir
 from jax_cluster import _ffi
 from jax_cluster.planning import routing
 from jax_cluster.planning.plan import Plan
-from jax_cluster.planning.tables import ACTIVATIONS, FFI_TARGETS, GATE_BLOCK, SCALE_BLOCK
+from jax_cluster.planning.tables import ACTIVATIONS, FFI_TARGETS, SCALE_BLOCK
 from jax_cluster.primitives import mx_scales, token_tiles
 from jax_cluster.primitives.activations import activation_fn, apply_epilogue
-from jax_cluster.primitives.operands import gemm_dims, ragged_out_shape
+from jax_cluster.primitives.operands import deinterleave, gemm_dims, ragged_out_shape
 from jax_cluster.primitives.registry import local_primitive
 
 
@@ -266,10 +266,9 @@ ragged_local_p = local_primitive(
 
 
 def gate_product(z, activation, out_dtype):
-    """act(gate) * up of z [..., 2H] in gate and up blocks of GATE_BLOCK columns."""
-    blocks = z.astype(jnp.float32).reshape(*z.shape[:-1], z.shape[-1] // (2 * GATE_BLOCK), 2, GATE_BLOCK)
-    h = activation_fn(activation)(blocks[..., 0, :]) * blocks[..., 1, :]
-    return h.reshape(*z.shape[:-1], z.shape[-1] // 2).astype(out_dtype)
+    """act(gate) * up of z [..., 2H] in gate and up blocks of GATE_BLOCK columns, in float32."""
+    gate, up = deinterleave(z.astype(jnp.float32))
+    return (activation_fn(activation)(gate) * up).astype(out_dtype)
 
 
 def _gated_abstract_eval(a, b, group_sizes, *, b_major, activation, out_dtype, plan):

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_cluster.planning.plan import dtype_name
-from jax_cluster.planning.tables import BLOCK_SCALED_DTYPES, NUMPY_DTYPES, OUTPUT_DTYPES, SCALE_BLOCK
+from jax_cluster.planning.tables import BLOCK_SCALED_DTYPES, GATE_BLOCK, NUMPY_DTYPES, OUTPUT_DTYPES, SCALE_BLOCK
 
 # What the primitives take: the contract's dtypes (the kernels read the
 # input ones; f32 operands run on XLA inside the same primitive). fp8 comes
@@ -79,3 +79,29 @@ def ragged_out_shape(a_shape, b_shape, groups, problem, b_major):
 def ct_as(ct, like):
     """Cotangent in the operand dtype: the kernels take one input dtype."""
     return ct.astype(like.aval.dtype)
+
+
+# The gated product's B: gate and up columns in alternating blocks of GATE_BLOCK, gate first.
+_GATED = "jax_cluster.gated_ragged_dot"
+
+
+def interleave(gate, up):
+    """[..., H] gate and up -> [..., 2H] in alternating blocks of GATE_BLOCK columns."""
+    if gate.shape != up.shape or gate.shape[-1] % GATE_BLOCK:
+        raise ValueError(
+            f"{_GATED}: gate and up must have one shape whose last dimension is a multiple of "
+            f"{GATE_BLOCK}, got {gate.shape} and {up.shape}"
+        )
+    blocks = (*gate.shape[:-1], gate.shape[-1] // GATE_BLOCK, 1, GATE_BLOCK)
+    both = jnp.concatenate([gate.reshape(blocks), up.reshape(blocks)], axis=-2)
+    return both.reshape(*gate.shape[:-1], 2 * gate.shape[-1])
+
+
+def deinterleave(gate_up):
+    """The inverse of `interleave`: [..., 2H] -> (gate, up), each [..., H]."""
+    width = gate_up.shape[-1]
+    if width % (2 * GATE_BLOCK):
+        raise ValueError(f"{_GATED}: the last dimension {width} is not a multiple of {2 * GATE_BLOCK}")
+    blocks = gate_up.reshape(*gate_up.shape[:-1], width // (2 * GATE_BLOCK), 2, GATE_BLOCK)
+    half = (*gate_up.shape[:-1], width // 2)
+    return blocks[..., 0, :].reshape(half), blocks[..., 1, :].reshape(half)

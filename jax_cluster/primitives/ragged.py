@@ -25,7 +25,7 @@ import functools
 import jax
 import numpy as np
 from jax import lax
-from jax.interpreters import ad, batching
+from jax.interpreters import ad
 from jax.sharding import NamedSharding
 
 from jax_cluster.planning.call import Call
@@ -202,20 +202,6 @@ def _partition(problem, b_major, out_dtype, plan, mesh, arg_shapes, result_shape
 # --------------------------------------------------------------------------- batching
 
 
-def _batch_rule(args, dims, **params):
-    """A loop (lax.map) over the vmapped axis: the kernel has no batch of
-    ragged problems, and folding the batch into the groups would copy rhs."""
-    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
-    moved = [None if d is None else batching.bdim_at_front(x, d, size) for x, d in zip(args, dims)]
-
-    def one(batched):
-        it = iter(batched)
-        operands = [x if m is None else next(it) for x, m in zip(args, moved)]
-        return ragged_dot_p.bind(*operands, **params)
-
-    return lax.map(one, [m for m in moved if m is not None]), 0
-
-
 ragged_dot_p = partitioned_primitive(
     "jax_cluster_ragged_dot",
     static=("problem", "b_major", "out_dtype", "plan"),
@@ -223,7 +209,7 @@ ragged_dot_p = partitioned_primitive(
     whole=_blockwise,
     partition=_partition,
     sharding_rule=_sharding_rule,
-    batch_rule=_batch_rule,
+    batch_rule="loop",
 )
 
 

@@ -24,6 +24,7 @@ def partitioned_primitive(
     `static` names its parameters, in the order `whole(*operands, *static)`,
     `partition(*static, mesh, arg_shapes, result_shape)` and
     `sharding_rule(*static, mesh, operand_types, result_types)` take them.
+    `batch_rule="loop"` maps the primitive over a vmapped axis with lax.map.
     """
     primitive = Primitive(name)
     primitive.def_impl(
@@ -42,9 +43,25 @@ def partitioned_primitive(
 
     mlir.register_lowering(primitive, lowering)
     _needs_devices_at_lowering(primitive)
+    if batch_rule == "loop":
+        batch_rule = functools.partial(_loop_batch_rule, primitive)
     if batch_rule is not None:
         batching.primitive_batchers[primitive] = batch_rule
     return primitive
+
+
+def _loop_batch_rule(primitive, args, dims, **params):
+    """One bind per element of the vmapped axis (lax.map), for kernels with
+    no batch of their own: the grouped ones, where folding the batch into
+    the groups would copy rhs."""
+    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+    moved = [None if d is None else batching.bdim_at_front(x, d, size) for x, d in zip(args, dims)]
+
+    def one(batched):
+        it = iter(batched)
+        return primitive.bind(*[x if m is None else next(it) for x, m in zip(args, moved)], **params)
+
+    return jax.lax.map(one, [m for m in moved if m is not None]), 0
 
 
 def local_primitive(name: str, *, abstract_eval, xla_impl, cuda_lowering, multiple_results=False) -> Primitive:
