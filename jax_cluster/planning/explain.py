@@ -82,7 +82,10 @@ def _fallback(p) -> str:
     if p.dtype in tables.BLOCK_SCALED_DTYPES:
         return "the ops' bf16 path on the dequantized operands"
     if p.epilogue == "gated":
-        return "XLA's ragged_dot in float32, then act(gate) * up on XLA"
+        return (
+            "the plain grouped product on its own plan (XLA's ragged_dot in float32 under a "
+            "pinned plan), then act(gate) * up on XLA"
+        )
     if p.problem != "dense":
         return "XLA's ragged_dot"
     if p.device.platform == "cuda" and routing.pads_unit_k(p.m, p.n, p.k, p.batch, tables.NUMPY_DTYPES.get(p.dtype)):
