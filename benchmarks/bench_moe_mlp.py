@@ -16,7 +16,9 @@ Contenders, each the same MoEMLP layer with another `ragged_dot`:
   is by default (`jc_ms`) and with `fuse_gate_up=True` (`jc_fused_ms`: gate
   and up as one grouped product over the same weights) and, with --fp8, in
   the blockwise fp8 recipe (`jc_fp8_ms`: `MoEMLP(..., fp8="blockwise")`, its
-  three products' operands quantized on the fly; the weights stay bf16);
+  three products' operands quantized on the fly; the weights stay bf16),
+  and the same with the weights quantized by the one-pass kernel
+  (`jc_fp8_weight_kernel_ms`; primitives/weight_block_quantize.py);
 - tokamax: `tokamax.ragged_dot(..., implementation="mosaic")`, its default
   config (the backend MaxText picks on GPU);
 - xla: `jax.lax.ragged_dot`;
@@ -66,6 +68,7 @@ import common  # noqa: E402
 
 import jax_cluster  # noqa: E402
 from jax_cluster.nn import MoEMLP, join_gate_up, split_gate_up  # noqa: E402
+from jax_cluster.primitives import weight_block_quantize  # noqa: E402
 from jax_cluster.tuning import timing  # noqa: E402
 from jax_cluster.tuning.accuracy import relative_error  # noqa: E402
 
@@ -324,16 +327,20 @@ def measure(
             row["jc_fused_error"] = bench_ragged.brief(e)
         fused_state = None  # its copy of the weights must not stay for the other contenders
     if fp8:  # the same weights, the products in the blockwise fp8 recipe
-        row["jc_fp8_ms"] = None
-        try:
-            fp8_step = step_fn(make_layer(cfg, jax_cluster.ragged_dot, abstract=True, fp8="blockwise")[0])
-            row["jc_fp8_rel_err_vs_jc"] = err = agreement(ours, kept(named_outputs(jax.jit(fp8_step)(*args[0]))))
-            if err < MAX_FP8_REL_ERR:
-                row["jc_fp8_ms"] = timer(fp8_step, args, iterations)
-            else:
-                row["jc_fp8_error"] = f"wrong: relative error {err:.2e} against jax_cluster's bf16"
-        except Exception as e:  # e.g. widths that are not multiples of 128
-            row["jc_fp8_error"] = bench_ragged.brief(e)
+        # jc_fp8: the weights quantized by the default form; jc_fp8_weight_kernel: by the one-pass kernel
+        for key, weight_kernel in (("jc_fp8", weight_block_quantize.KERNEL_BY_DEFAULT), ("jc_fp8_weight_kernel", True)):
+            row[f"{key}_ms"] = None
+            try:
+                with weight_block_quantize.kernel_default_as(weight_kernel):
+                    fp8_step = step_fn(make_layer(cfg, jax_cluster.ragged_dot, abstract=True, fp8="blockwise")[0])
+                    err = agreement(ours, kept(named_outputs(jax.jit(fp8_step)(*args[0]))))
+                    row[f"{key}_rel_err_vs_jc"] = err
+                    if err < MAX_FP8_REL_ERR:
+                        row[f"{key}_ms"] = timer(fp8_step, args, iterations)
+                    else:
+                        row[f"{key}_error"] = f"wrong: relative error {err:.2e} against jax_cluster's bf16"
+            except Exception as e:  # e.g. widths that are not multiples of 128
+                row[f"{key}_error"] = bench_ragged.brief(e)
     for name, (ragged_dot, why_not) in contenders.items():
         row[f"{name}_ms"] = None
         if ragged_dot is None:
@@ -421,6 +428,9 @@ def summary(rows) -> dict:
             r["jc_ms"] / r["jc_fused_ms"] for r in rows if r.get("jc_fused_ms")
         ),
         "geomean_speedup_fp8_vs_bf16": geomean(r["jc_ms"] / r["jc_fp8_ms"] for r in rows if r.get("jc_fp8_ms")),
+        "geomean_speedup_fp8_weight_kernel_vs_bf16": geomean(
+            r["jc_ms"] / r["jc_fp8_weight_kernel_ms"] for r in rows if r.get("jc_fp8_weight_kernel_ms")
+        ),
     }
 
 

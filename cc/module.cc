@@ -26,6 +26,7 @@
 #include "ffi/record_stage.h"
 #include "ffi/scaled_gemm_ffi.h"
 #include "ffi/token_tile_ffi.h"
+#include "ffi/weight_block_ffi.h"
 #endif
 
 namespace nb = nanobind;
@@ -77,7 +78,8 @@ std::vector<Target> targets() {
           {kScaledGemmTarget, scaled_gemm_ffi_handlers()},
           {kScaledRaggedDotTarget, scaled_ragged_ffi_handlers()},
           {kGatedRaggedDotTarget, gated_ragged_ffi_handlers()},
-          {kQuantizeTokenTilesTarget, token_tile_ffi_handlers()}};
+          {kQuantizeTokenTilesTarget, token_tile_ffi_handlers()},
+          {kQuantizeWeightBlocksTarget, weight_block_ffi_handlers()}};
 }
 
 nb::dict registrations(bool command_buffers) {

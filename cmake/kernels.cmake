@@ -65,7 +65,8 @@ foreach(_arch IN LISTS JAX_CLUSTER_ARCHS)
   string(REGEX REPLACE "^sm([0-9]+a?)$" "\\1" _num "${_arch}")
   list(APPEND _jc_gencodes "-gencode=arch=compute_${_num},code=sm_${_num}")
 endforeach()
-add_library(kernels_shared OBJECT cc/kernels/token_tile_quantize.cu cc/kernels/fill.cu)
+add_library(kernels_shared OBJECT cc/kernels/token_tile_quantize.cu
+            cc/kernels/weight_block_quantize.cu cc/kernels/fill.cu)
 set_target_properties(kernels_shared PROPERTIES CUDA_ARCHITECTURES OFF CUDA_STANDARD 17)
 target_compile_options(kernels_shared PRIVATE ${_jc_cuda_flags} ${_jc_gencodes})
 target_include_directories(kernels_shared PRIVATE cc "${JAX_CLUSTER_GENERATED_DIR}")
@@ -75,7 +76,7 @@ target_sources(_ext PRIVATE ${_jc_table} cc/dispatch/variant_table.cc cc/dispatc
                cc/dispatch/gemm_dispatch.cc cc/ffi/dense_call.cc cc/ffi/gemm_ffi.cc
                cc/ffi/gemm_epilogue_ffi.cc cc/ffi/kernel_image.cc cc/ffi/plan_state.cc
                cc/ffi/ragged_ffi.cc cc/ffi/record_stage.cc cc/ffi/scaled_gemm_ffi.cc
-               cc/ffi/token_tile_ffi.cc cc/kernels/launch_recording.cc)
+               cc/ffi/token_tile_ffi.cc cc/ffi/weight_block_ffi.cc cc/kernels/launch_recording.cc)
 foreach(_lib IN LISTS _jc_kernel_libs)
   target_sources(_ext PRIVATE $<TARGET_OBJECTS:${_lib}>)
 endforeach()

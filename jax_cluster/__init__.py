@@ -6,7 +6,7 @@ FFI when the planner picks one, and XLA's own dot everywhere else.
 `gated_ragged_dot` the gated one (act(x @ gate) * (x @ up) per group, the
 gate in its epilogue);
 `quantize` / `dequantize` make and read block-scaled fp8 operands (qwix
-QArrays) that the three ops take;
+QArrays) that the three ops take, `quantize_weight` a weight in both layouts;
 `linear` is a dense layer's act(x @ W + residual + b) with the epilogue fused
 into the GEMM. `plan` / `plan_ragged` return the static choices a call makes,
 and `Plan.explain()` says why. `autotune` times the candidate plans on the
@@ -22,7 +22,7 @@ from jax_cluster.info import info
 from jax_cluster.ops.dense import dot_general, matmul, plan
 from jax_cluster.ops.gated import gated_ragged_dot, interleave_gate_up, split_gate_up_blocks
 from jax_cluster.ops.linear import linear
-from jax_cluster.ops.quantize import dequantize, quantize
+from jax_cluster.ops.quantize import dequantize, quantize, quantize_weight
 from jax_cluster.ops.ragged_dot import ragged_dot
 from jax_cluster.planning.autotune_cache import use_autotune_cache
 from jax_cluster.planning.device import DeviceInfo
@@ -52,6 +52,7 @@ __all__ = [
     "plan",
     "plan_ragged",
     "quantize",
+    "quantize_weight",
     "ragged_dot",
     "ragged_dot_p",
     "split_gate_up_blocks",

@@ -10,6 +10,7 @@
 
 #include "common/contract.h"
 #include "ffi/buffer_checks.h"
+#include "ffi/fp8_quantize_dtypes.h"
 #include "kernels/token_tile_quantize.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -31,19 +32,11 @@ std::string request(const ffi::AnyBuffer& x, const ffi::Buffer<ffi::S32>& group_
     return "takes x [M, C] and group_sizes [G] and gives values [C, rows] and scales "
            "[rows/128, C]; got x " +
            shape_text(dx) + ", values " + shape_text(dv) + ", scales " + shape_text(ds);
-  switch (x.element_type()) {
-    case ffi::DataType::BF16: q->input = TileInput::kBf16; break;
-    case ffi::DataType::F16: q->input = TileInput::kF16; break;
-    case ffi::DataType::F32: q->input = TileInput::kF32; break;
-    default:
-      return std::string("x must be bfloat16, float16 or float32, got ") +
-             dtype_name(x.element_type());
-  }
-  switch (values.element_type()) {
-    case ffi::DataType::F8E4M3FN: q->output = TileOutput::kE4m3; break;
-    case ffi::DataType::F8E5M2: q->output = TileOutput::kE5m2; break;
-    default: return "values must be float8_e4m3fn or float8_e5m2";
-  }
+  if (!fp8_input_of(x.element_type(), &q->input))
+    return std::string("x must be bfloat16, float16 or float32, got ") +
+           dtype_name(x.element_type());
+  if (!fp8_output_of(values.element_type(), &q->output))
+    return "values must be float8_e4m3fn or float8_e5m2";
   if (scales.element_type() != ffi::DataType::F32) return "scales must be float32";
   const int64_t columns = dx[1], rows = dv[1];
   if (dv[0] != columns || rows % kScaleBlock || ds[0] != rows / kScaleBlock || ds[1] != columns)

@@ -5,47 +5,24 @@
 // time, stages the tile's rows in shared memory, reduces each column's
 // amax and writes the column's 128 fp8 values contiguously (the transpose)
 // and its scale. One read of x and one byte written per value.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-
 #include <cstdint>
 
 #include <cub/block/block_scan.cuh>
 
 #include "common/contract.h"  // kScaleBlock
+#include "kernels/fp8_quantize.cuh"
 #include "kernels/token_tile_quantize.h"
 
 namespace jax_cluster {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kTile = kScaleBlock;                // rows of a tile
-constexpr int kColumns = kTokenTileColumns;       // columns staged at once
-constexpr int kQuarters = kThreads / kColumns;    // each thread: one column, a quarter of the rows
+constexpr int kTile = kScaleBlock;                 // rows of a tile
+constexpr int kColumns = kTokenTileColumns;        // columns staged at once
+constexpr int kQuarters = kThreads / kColumns;     // each thread: one column, a quarter of the rows
 constexpr int kRowsPerThread = kTile / kQuarters;  // 32: two 16-byte stores of fp8
 constexpr int kColumnsPerBlock = 8 * kColumns;
 static_assert(kRowsPerThread == 32, "a thread writes its column's rows as two 16-byte stores");
-
-__device__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ float to_float(__half v) { return __half2float(v); }
-__device__ float to_float(float v) { return v; }
-
-template <class Out>
-struct Format;
-template <>
-struct Format<__nv_fp8_e4m3> {
-  static constexpr float kLargest = 448.0f;
-  static constexpr float kInverse = float(1.0 / 448.0);
-};
-template <>
-struct Format<__nv_fp8_e5m2> {
-  static constexpr float kLargest = 57344.0f;
-  static constexpr float kInverse = float(1.0 / 57344.0);
-};
-
-// max that keeps a NaN, as jnp.max does
-__device__ float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
 
 // The rows of x a tile holds: from `source` on, `count` of them (0: a tile of zeros).
 struct TileRows {
@@ -86,13 +63,11 @@ __device__ TileRows tile_rows(const int32_t* group_sizes, int groups, int64_t m,
 
 template <class In, class Out>
 __global__ void __launch_bounds__(kThreads)
-    quantize_token_tiles_kernel(const In* x, int64_t m, int64_t columns,
-                                const int32_t* group_sizes, int groups, int64_t rows,
-                                uint8_t* values, float* scales) {
+    quantize_token_tiles_kernel(const In* x, int64_t m, int64_t columns, const int32_t* group_sizes,
+                                int groups, int64_t rows, uint8_t* values, float* scales) {
   constexpr int kVec = 16 / sizeof(In);  // elements of one 16-byte load
   constexpr int kVecsPerRow = kColumns / kVec;
   constexpr int kLoads = kTile * kVecsPerRow / kThreads;
-  constexpr float kLargest = Format<Out>::kLargest;
   // x's own type: a warp's 16-byte stores are contiguous, a column read is a broadcast-free row
   __shared__ __align__(16) In tile[kTile][kColumns];
   __shared__ float partial[kQuarters][kColumns];
@@ -105,9 +80,10 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < kLoads; ++i) {  // all loads in flight before the stores
       int v = threadIdx.x + i * kThreads, r = v / kVecsPerRow, j = v % kVecsPerRow;
-      staged[i] = r < own.count ? *reinterpret_cast<const uint4*>(
-                                      x + (own.source + r) * columns + c0 + j * kVec)
-                                : make_uint4(0, 0, 0, 0);
+      staged[i] =
+          r < own.count
+              ? *reinterpret_cast<const uint4*>(x + (own.source + r) * columns + c0 + j * kVec)
+              : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int i = 0; i < kLoads; ++i) {
@@ -117,26 +93,19 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     float amax = 0.0f;
     for (int r = quarter * kRowsPerThread; r < (quarter + 1) * kRowsPerThread; ++r)
-      amax = nan_max(amax, fabsf(to_float(tile[r][c])));
+      amax = fp8::nan_max(amax, fabsf(fp8::to_float(tile[r][c])));
     partial[quarter][c] = amax;
     __syncthreads();
-    for (int i = 0; i < kQuarters; ++i) amax = nan_max(amax, partial[i][c]);
-    // the float32 reciprocal, as XLA's form; a NaN amax gives 1, as there
-    const float scale = amax > 0.0f ? amax * Format<Out>::kInverse : 1.0f;
+    for (int i = 0; i < kQuarters; ++i) amax = fp8::nan_max(amax, partial[i][c]);
+    const float scale = fp8::scale_of<Out>(amax);
     if (quarter == 0) scales[int64_t(blockIdx.x) * columns + c0 + c] = scale;
-    // x times the reciprocal, as XLA's form: XLA computes a division by a
-    // broadcast that way, and lowers 1 / s to rcp.approx.f32 on the GPU
-    float inverse;
-    asm("rcp.approx.f32 %0, %1;" : "=f"(inverse) : "f"(scale));
+    const float inverse = fp8::inverse_of(scale);
     __align__(16) uint8_t bytes[kRowsPerThread];
 #pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      float v = to_float(tile[quarter * kRowsPerThread + i][c]) * inverse;
-      v = v > kLargest ? kLargest : (v < -kLargest ? -kLargest : v);  // a NaN stays NaN
-      bytes[i] = Out(v).__x;  // round to nearest even
-    }
-    auto* out = reinterpret_cast<uint4*>(values + (c0 + c) * rows + first_row +
-                                         quarter * kRowsPerThread);
+    for (int i = 0; i < kRowsPerThread; ++i)
+      bytes[i] = fp8::quantized<Out>(fp8::to_float(tile[quarter * kRowsPerThread + i][c]), inverse);
+    auto* out =
+        reinterpret_cast<uint4*>(values + (c0 + c) * rows + first_row + quarter * kRowsPerThread);
     out[0] = reinterpret_cast<const uint4*>(bytes)[0];
     out[1] = reinterpret_cast<const uint4*>(bytes)[1];
     __syncthreads();  // the tile is restaged for the next columns
@@ -144,21 +113,17 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <class In, class Out>
-const char* launch(const TokenTileQuantize& q, cudaStream_t stream) {
-  dim3 grid(static_cast<unsigned>(q.rows / kTile),
-            static_cast<unsigned>((q.columns + kColumnsPerBlock - 1) / kColumnsPerBlock));
-  quantize_token_tiles_kernel<In, Out><<<grid, kThreads, 0, stream>>>(
-      static_cast<const In*>(q.x), q.m, q.columns, q.group_sizes, q.groups, q.rows,
-      static_cast<uint8_t*>(q.values), q.scales);
-  cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
-}
-
-template <class In>
-const char* launch_for(const TokenTileQuantize& q, cudaStream_t stream) {
-  return q.output == TileOutput::kE4m3 ? launch<In, __nv_fp8_e4m3>(q, stream)
-                                       : launch<In, __nv_fp8_e5m2>(q, stream);
-}
+struct Launch {
+  static const char* run(const TokenTileQuantize& q, cudaStream_t stream) {
+    dim3 grid(static_cast<unsigned>(q.rows / kTile),
+              static_cast<unsigned>((q.columns + kColumnsPerBlock - 1) / kColumnsPerBlock));
+    quantize_token_tiles_kernel<In, Out><<<grid, kThreads, 0, stream>>>(
+        static_cast<const In*>(q.x), q.m, q.columns, q.group_sizes, q.groups, q.rows,
+        static_cast<uint8_t*>(q.values), q.scales);
+    cudaError_t err = cudaGetLastError();
+    return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+  }
+};
 
 }  // namespace
 
@@ -168,12 +133,7 @@ const char* quantize_token_tiles(const TokenTileQuantize& q, cudaStream_t stream
     return "rows must be a multiple of 128 and columns of 64";
   if (q.rows / kTile > INT32_MAX || (q.columns + kColumnsPerBlock - 1) / kColumnsPerBlock > 65535)
     return "too many tiles for one launch";
-  switch (q.input) {
-    case TileInput::kBf16: return launch_for<__nv_bfloat16>(q, stream);
-    case TileInput::kF16: return launch_for<__half>(q, stream);
-    case TileInput::kF32: return launch_for<float>(q, stream);
-  }
-  return "unsupported input type";
+  return fp8::launch_for_types<Launch>(q.input, q.output, q, stream);
 }
 
 }  // namespace jax_cluster

@@ -14,10 +14,9 @@
 
 #include <cuda_runtime_api.h>
 
-namespace jax_cluster {
+#include "kernels/fp8_quantize.h"
 
-enum class TileInput : int { kBf16 = 0, kF16 = 1, kF32 = 2 };
-enum class TileOutput : int { kE4m3 = 0, kE5m2 = 1 };
+namespace jax_cluster {
 
 struct TokenTileQuantize {
   const void* x = nullptr;  // [m, columns]
@@ -27,8 +26,8 @@ struct TokenTileQuantize {
   int64_t rows = 0;         // of the block-aligned layout: a multiple of kScaleBlock
   void* values = nullptr;   // [columns, rows]
   float* scales = nullptr;  // [rows / kScaleBlock, columns]
-  TileInput input = TileInput::kBf16;
-  TileOutput output = TileOutput::kE4m3;
+  Fp8Input input = Fp8Input::kBf16;
+  Fp8Output output = Fp8Output::kE4m3;
 };
 
 // Columns one block of the kernel covers; the handler asks for a multiple of it.

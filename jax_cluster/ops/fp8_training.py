@@ -14,7 +14,11 @@ along N for d_input, x^T and dy in 32-row blocks along the tokens for d_weight.
 MX blocks run along the contraction only, so W and dy are quantized once per
 product that reads them.
 
-Either way K, N and the rows must be multiples of 128 (the kernels' K tile).
+The blockwise recipe quantizes each weight once into both layouts its two
+products read (ops/quantize.quantize_weight: W^T [N, K] for the forward, W
+as stored for d_input, sharing the blocks' scales); the forward keeps the
+second for the backward. Either way K, N and the rows must be multiples of
+128 (the kernels' K tile).
 In the grouped form the blockwise weight gradient takes x^T and dy^T both in
 (1, 128) tiles along the tokens, each group's tokens starting on a tile (the
 rows are regrouped with zeros between groups: primitives/token_tiles.py), so
@@ -38,7 +42,7 @@ import jax.numpy as jnp
 
 from jax_cluster.ops.dense import dot_general, matmul
 from jax_cluster.ops.fp8_grouped import grouped_weight_gradient, mx_weight_gradient
-from jax_cluster.ops.quantize import dequantize, quantize
+from jax_cluster.ops.quantize import dequantize, quantize, quantize_weight
 from jax_cluster.ops.ragged_dot import ragged_dot
 from jax_cluster.primitives.ragged import ragged
 
@@ -86,30 +90,43 @@ def _rows_of(x, who, recipe_name):
     return rows
 
 
+def _weight_operands(kernel, recipe: str):
+    """The weight as the forward reads it (W^T: [N, K], or [G, N, K],
+    contracted over its last axis) and as the input gradient reads it (W as
+    stored, contracted over N). DeepSeek-V3's 128 x 128 blocks serve both
+    products, so one pass writes both layouts (ops/quantize.quantize_weight);
+    MX blocks run along each product's contraction, so W is quantized once
+    per product."""
+    if recipe == "blockwise":
+        as_stored, transposed = quantize_weight(kernel)
+        return transposed, as_stored
+    r = RECIPES[recipe]
+    return quantize(kernel, block=r.weight_in).swapaxes(-1, -2), quantize(kernel, block=r.weight_out)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def fp8_linear(x, kernel, recipe="blockwise", grad_dtype=jnp.float8_e4m3fn):
     """x [..., K] @ kernel [K, N] with the recipe's three fp8 products."""
     return _linear_forward(x, kernel, recipe, grad_dtype)[0]
 
 
+_CONTRACT_LAST = (((1,), (1,)), ((), ()))  # [M, C] . [D, C] over C
+
+
 def _linear_forward(x, kernel, recipe, grad_dtype):
     r = _recipe(recipe, grad_dtype)
     rows = _rows_of(x, "fp8_linear", recipe)
-    y = matmul(quantize(rows, block=r.rows), quantize(kernel, block=r.weight_in), out_dtype=x.dtype)
-    return y.reshape(*x.shape[:-1], kernel.shape[1]), (x, kernel)
+    w_t, w = _weight_operands(kernel, recipe)
+    y = dot_general(quantize(rows, block=r.rows), w_t, _CONTRACT_LAST, preferred_element_type=x.dtype)
+    return y.reshape(*x.shape[:-1], kernel.shape[1]), (x, kernel, w)
 
 
 def _linear_backward(recipe, grad_dtype, saved, dy):
     r = RECIPES[recipe]
-    x, kernel = saved
+    x, kernel, w = saved
     rows, grads = _rows_of(x, "fp8_linear", recipe), _rows_of(dy, "fp8_linear", recipe)
-    contract_n = (((1,), (1,)), ((), ()))  # dy [M, N] . W [K, N] over N
-    dx = dot_general(
-        quantize(grads, block=r.rows, dtype=grad_dtype),
-        quantize(kernel, block=r.weight_out),
-        contract_n,
-        preferred_element_type=x.dtype,
-    )
+    # dy [M, N] . W [K, N] over N
+    dx = dot_general(quantize(grads, block=r.rows, dtype=grad_dtype), w, _CONTRACT_LAST, preferred_element_type=x.dtype)
     dy_tokens = quantize(grads, block=r.grad_tokens, dtype=grad_dtype)
     dw = matmul(quantize(rows.T, block=r.tokens), dy_tokens, out_dtype=jnp.float32)
     return dx.reshape(x.shape), dw.astype(kernel.dtype)
@@ -128,22 +145,18 @@ def fp8_grouped(x, kernel, group_sizes, recipe="blockwise", grad_dtype=jnp.float
 def _grouped_forward(x, kernel, group_sizes, recipe, grad_dtype):
     r = _recipe(recipe, grad_dtype)
     _rows_of(x, "fp8_grouped", recipe)
-    lhs, rhs = quantize(x, block=r.rows), quantize(kernel, block=r.weight_in)
-    y = ragged_dot(lhs, rhs, group_sizes, preferred_element_type=x.dtype)
-    return y, (x, kernel, group_sizes)
+    w_t, w = _weight_operands(kernel, recipe)
+    y = ragged_dot(quantize(x, block=r.rows), w_t, group_sizes, preferred_element_type=x.dtype, rhs_layout="gnk")
+    return y, (x, kernel, w, group_sizes)
 
 
 def _grouped_backward(recipe, grad_dtype, saved, dy):
     r = RECIPES[recipe]
-    x, kernel, group_sizes = saved
+    x, kernel, w, group_sizes = saved
     _rows_of(dy, "fp8_grouped", recipe)
     # [G, K, N] read as [G, N', K'] = each group's W^T: dx = dy @ W_g^T
     dx = ragged_dot(
-        quantize(dy, block=r.rows, dtype=grad_dtype),
-        quantize(kernel, block=r.weight_out),
-        group_sizes,
-        preferred_element_type=x.dtype,
-        rhs_layout="gnk",
+        quantize(dy, block=r.rows, dtype=grad_dtype), w, group_sizes, preferred_element_type=x.dtype, rhs_layout="gnk"
     )
     sizes = group_sizes.astype(jnp.int32)
     if recipe == "blockwise":

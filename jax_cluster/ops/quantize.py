@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from jax_cluster.planning.tables import MX_SCALE_BLOCK, SCALE_BLOCK
 from jax_cluster.primitives import mx_scales
+from jax_cluster.primitives.weight_block_quantize import quantize_weight_blocks
 
 FP8_DTYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
 # activations' tiles and weights' blocks: the kernels' scale block (tables.SCALE_BLOCK)
@@ -82,6 +83,34 @@ def quantize(x, *, block=ACTIVATION_BLOCK, dtype=jnp.float8_e4m3fn):
     if block in MX_BLOCKS:  # qwix's MX rounds each scale up to a power of two: no value saturates
         return _qwix().quantize(x, "mxfp8", channelwise_axes=channels, tiled_axes=tiled, scale_dtype=MX_SCALE_DTYPE)
     return _qwix().quantize(x, dtype, channelwise_axes=channels, tiled_axes=tiled, scale_dtype=jnp.float32)
+
+
+def quantize_weight(w, dtype=jnp.float8_e4m3fn, *, use_kernel: bool | None = None):
+    """w [K, N] (or a stack [G, K, N]) in 128 x 128 blocks, in both layouts
+    the block-scaled kernels read, as two QArrays that share the blocks'
+    float32 scales: w as stored (what a product contracting N reads in
+    place) and w transposed to [N, K] ([G, N, K]: what a product
+    contracting K reads in place). One pass over w on CUDA where the kernel
+    runs (`use_kernel`: None takes the default of
+    primitives/weight_block_quantize.py), else XLA's amax and scaling
+    passes. K and N must be multiples of 128. The scales are amax / the
+    format's largest value in float32 (primitives/fp8_scaling.py), where
+    `quantize` divides in w's own dtype (qwix's rule): for bf16 weights the
+    two may round a value one step apart."""
+    w, dtype = jnp.asarray(w), jnp.dtype(dtype)
+    if w.ndim not in (2, 3) or w.shape[-2] % SCALE_BLOCK or w.shape[-1] % SCALE_BLOCK:
+        raise ValueError(
+            f"jax_cluster.quantize_weight: w must be [K, N] or [G, K, N] with K and N multiples of "
+            f"{SCALE_BLOCK}, got shape {w.shape}"
+        )
+    if dtype not in FP8_DTYPES:
+        raise TypeError(f"jax_cluster.quantize_weight: dtype must be float8_e4m3fn or float8_e5m2, got {dtype}")
+    stack = w if w.ndim == 3 else w[None]
+    kn, nk, scales = quantize_weight_blocks(stack, dtype, use_kernel=use_kernel)
+    if w.ndim == 2:
+        kn, nk, scales = kn[0], nk[0], scales[0]
+    qwix = _qwix()
+    return qwix.QArray(kn, scales, None, dtype), qwix.QArray(nk, jnp.swapaxes(scales, -1, -2), None, dtype)
 
 
 def dequantize(q, dtype=jnp.float32):

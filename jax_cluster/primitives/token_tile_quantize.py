@@ -4,7 +4,8 @@ scales [rows/128, C] in float32, rows in the layout of
 primitives/token_tiles.py (each group starting on a 128-row tile, zeros
 between groups). One scale per 128 rows of a column: amax times the float32
 reciprocal of the format's largest value (1 for an all-zero tile); values
-are x times 1 / scale clipped to the format, rounded to nearest even.
+are x times 1 / scale clipped to the format, rounded to nearest even
+(primitives/fp8_scaling.py).
 
 On CUDA with `use_kernel` it is one kernel (kernels/token_tile_quantize.cu:
 one read of x, one byte written per value); elsewhere, and where the kernel
@@ -23,9 +24,8 @@ import numpy as np
 from jax.interpreters import mlir
 
 from jax_cluster import _ffi
-from jax_cluster.planning.device import describe
 from jax_cluster.planning.tables import FFI_TARGETS, SCALE_BLOCK
-from jax_cluster.primitives import token_tiles
+from jax_cluster.primitives import fp8_scaling, token_tiles
 from jax_cluster.primitives.lowering import clamp_group_sizes
 from jax_cluster.primitives.registry import local_primitive
 
@@ -35,8 +35,6 @@ from jax_cluster.primitives.registry import local_primitive
 # faster with it than with XLA's form on five MoE shapes on the H200
 # (bench_fp8_wgrad.py, 2026-12-04).
 KERNEL_BY_DEFAULT = True
-KERNEL_INPUTS = tuple(jnp.dtype(d) for d in (jnp.bfloat16, jnp.float16, jnp.float32))
-KERNEL_OUTPUTS = tuple(jnp.dtype(d) for d in (jnp.float8_e4m3fn, jnp.float8_e5m2))
 KERNEL_COLUMNS = 64  # the kernel's column block (kTokenTileColumns)
 
 
@@ -52,31 +50,20 @@ def xla_token_tiles(x, sizes, *, rows, dtype, use_kernel=False):
     sizes = clamp_group_sizes(sizes, x.shape[0])
     laid = token_tiles.laid_out(x.astype(jnp.float32), sizes, rows)
     tiles = laid.reshape(rows // SCALE_BLOCK, SCALE_BLOCK, x.shape[1])
-    largest = float(jnp.finfo(dtype).max)
-    amax = jnp.max(jnp.abs(tiles), axis=1)
-    # times the float32 reciprocal, as the kernel does (XLA turns a division by a constant into this)
-    scales = jnp.where(amax > 0, amax * np.float32(1.0 / largest), 1.0)
-    # times the reciprocal: what XLA makes of a division by a broadcast anyway, written out
-    values = jnp.clip(tiles * (1.0 / scales)[:, None, :], -largest, largest).astype(dtype)
+    scales = fp8_scaling.block_scales(jnp.max(jnp.abs(tiles), axis=1), dtype)
+    values = fp8_scaling.scaled_values(tiles, (1.0 / scales)[:, None, :], dtype)
     return values.reshape(rows, x.shape[1]).T, scales
 
 
 def kernel_takes(x, dtype) -> bool:
     """Whether the kernel takes x [M, C] into `dtype` values."""
-    return (
-        x.ndim == 2
-        and x.shape[1] % KERNEL_COLUMNS == 0
-        and jnp.dtype(x.dtype) in KERNEL_INPUTS
-        and jnp.dtype(dtype) in KERNEL_OUTPUTS
-    )
+    return x.ndim == 2 and x.shape[1] % KERNEL_COLUMNS == 0 and fp8_scaling.kernel_formats(x.dtype, dtype)
 
 
 def kernel_by_default(device=None) -> bool:
     """KERNEL_BY_DEFAULT on a device (default: the first) that runs the
-    kernel's machine code: it is built for the extension's archs, and
-    arch-specific code runs on its exact compute capability only (sm_90a on
-    9.0, sm_100a on 10.0); elsewhere XLA's form."""
-    return KERNEL_BY_DEFAULT and describe(device).arch in _ffi.built_archs()
+    kernel's machine code (fp8_scaling.device_runs_kernels); elsewhere XLA's form."""
+    return KERNEL_BY_DEFAULT and fp8_scaling.device_runs_kernels(device)
 
 
 def _cuda_lowering(ctx, x, sizes, *, rows, dtype, use_kernel):

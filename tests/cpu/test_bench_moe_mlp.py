@@ -62,10 +62,11 @@ def test_a_smoke_run_records_every_contender(bench, tmp_path):
 def test_the_fp8_layer_is_timed_or_says_why_not(bench, tmp_path, config):
     bench.main(["--smoke", "--fp8", "--out", str(tmp_path), "--routings", "uniform", "--configs", config])
     (row,) = json.loads((tmp_path / "moe_mlp.json").read_text())["rows"]
-    if config == "smoke-a":  # width 64: the recipe needs multiples of 128
-        assert row["jc_fp8_ms"] is None and "128" in row["jc_fp8_error"]
-    else:
-        assert row["jc_fp8_ms"] > 0 and row["jc_fp8_rel_err_vs_jc"] < bench.MAX_FP8_REL_ERR
+    for key in ("jc_fp8", "jc_fp8_weight_kernel"):  # the weights by the default form, and by the kernel
+        if config == "smoke-a":  # width 64: the recipe needs multiples of 128
+            assert row[f"{key}_ms"] is None and "128" in row[f"{key}_error"]
+        else:
+            assert row[f"{key}_ms"] > 0 and row[f"{key}_rel_err_vs_jc"] < bench.MAX_FP8_REL_ERR
 
 
 def test_a_resumed_run_keeps_every_earlier_row_and_measures_only_the_rest(bench, tmp_path):

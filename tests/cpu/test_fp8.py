@@ -155,6 +155,22 @@ def test_the_fp8_recipe_differentiates_close_to_bf16(recipe):
     assert not np.asarray(ours[1][2], np.float32).any()  # the empty group gets no gradient
 
 
+def test_the_blockwise_recipe_quantizes_each_weight_once_into_both_layouts():
+    """One weight-block quantization per step and weight: the forward reads its
+    transposed layout, the input gradient the as-stored one it saved."""
+    x = _normal(16, (256, 256)).astype(jnp.bfloat16)
+    w = (_normal(17, (256, 384)) * 0.05).astype(jnp.bfloat16)
+    wg = (_normal(18, (2, 256, 384)) * 0.05).astype(jnp.bfloat16)
+    sizes = jnp.array([200, 56], jnp.int32)
+    for fn, weight in ((lambda x, w: fp8_linear(x, w), w), (lambda x, w: fp8_grouped(x, w, sizes), wg)):
+        text = str(jax.make_jaxpr(lambda x, w, fn=fn: _grads(fn, x, w))(x, weight))
+        assert text.count("jax_cluster_quantize_weight_blocks") == 1
+    # the forward alone writes the same numbers as the training step's forward
+    y, vjp = jax.vjp(lambda w: fp8_linear(x, w), w)
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(fp8_linear(x, w), np.float32))
+    assert vjp(jnp.ones_like(y))[0].shape == w.shape
+
+
 def test_the_mx_recipe_binds_mx_blocks_and_refuses_e5m2_gradients():
     x = _normal(14, (128, 256)).astype(jnp.bfloat16)
     w = (_normal(15, (256, 128)) * 0.05).astype(jnp.bfloat16)

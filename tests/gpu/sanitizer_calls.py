@@ -8,7 +8,8 @@ dot, or the host for grouped calls) so a silent wrong answer fails as well.
 Prints one line per call and "calls: N, failures: F". Arguments, regexes,
 limit the calls to the variants whose names match all of them; when none
 does, it says so and exits with 2. `--token-tiles` makes instead one call of
-the token-tile quantization kernel, checked bitwise against its XLA form.
+the token-tile quantization kernel, checked bitwise against its XLA form,
+and `--weight-blocks` one of the weight-block quantization kernel.
 """
 
 import re
@@ -30,6 +31,7 @@ from jax_cluster.primitives.ragged import ragged
 from jax_cluster.primitives.scaled_gemm import scaled_gemm
 from jax_cluster.primitives.scaled_ragged import scaled_ragged_dot, scaled_ragged_k_dot
 from jax_cluster.primitives.token_tile_quantize import quantize_token_tiles
+from jax_cluster.primitives.weight_block_quantize import quantize_weight_blocks
 from jax_cluster.tools.selftest import (
     DTYPES,
     dense_plan,
@@ -185,9 +187,24 @@ def _token_tiles(key) -> int:
     return 0 if same else 1
 
 
+def _weight_blocks(key) -> int:
+    """The weight-block quantization kernel on three groups of a block grid
+    wider than tall, in both layouts: 1 when it differs from its XLA form."""
+    w = jax.random.normal(key, (3, 256, 640), jnp.bfloat16)
+    run = jax.jit(quantize_weight_blocks, static_argnums=1, static_argnames="use_kernel")
+    fused = run(w, jnp.float8_e4m3fn, use_kernel=True)
+    plain = run(w, jnp.float8_e4m3fn, use_kernel=False)
+    same = all(np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8)) for a, b in zip(fused, plain))
+    print(f"weight blocks: {'ok' if same else 'FAIL'}")
+    print(f"calls: 1, failures: {int(not same)}")
+    return 0 if same else 1
+
+
 def main(argv) -> int:
     if argv == ["--token-tiles"]:
         return _token_tiles(jax.random.key(0))
+    if argv == ["--weight-blocks"]:
+        return _weight_blocks(jax.random.key(0))
     only = [re.compile(pattern) for pattern in argv]  # regexes on variant names: a name must match all
     dev = describe()
     if dev.arch is None or not _ffi.with_kernels():

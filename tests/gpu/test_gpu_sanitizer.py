@@ -55,6 +55,12 @@ def test_the_token_tile_kernel_is_clean_under_compute_sanitizer(tool):
     _assert_clean(tool, *_sanitize(tool, "token_tiles", ["--token-tiles"]))
 
 
+@pytest.mark.skipif(SANITIZER is None, reason="compute-sanitizer is not installed")
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_the_weight_block_kernel_is_clean_under_compute_sanitizer(tool):
+    _assert_clean(tool, *_sanitize(tool, "weight_blocks", ["--weight-blocks"]))
+
+
 def _sanitize(tool, name, args):
     """(the finished run, its output) of sanitizer_calls.py `args` under `tool`."""
     env = dict(os.environ, XLA_PYTHON_CLIENT_ALLOCATOR="platform", XLA_PYTHON_CLIENT_PREALLOCATE="false")

@@ -100,15 +100,21 @@ def gemm_kernels(sass_text: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def sass_by_variant(tmp_path_factory):
-    """Variant name -> the SASS of every GEMM kernel in the cubin it was built into."""
+def cubins(tmp_path_factory) -> list:
+    """Every cubin embedded in the extension, extracted."""
     out = tmp_path_factory.mktemp("cubins")
     subprocess.run(
         [sass.cuobjdump(), "-xelf", "all", str(sass.extension_path())], cwd=out, check=True, capture_output=True
     )
+    return sorted(out.glob("*.cubin"))
+
+
+@pytest.fixture(scope="module")
+def sass_by_variant(cubins):
+    """Variant name -> the SASS of every GEMM kernel in the cubin it was built into."""
     menu = {v.name: v for v in tables.load_menu()}
     found = {}
-    for cubin in sorted(out.glob("*.cubin")):
+    for cubin in cubins:
         names = sorted(set(MARKER.findall(sass.run_on(cubin, "-elf"))))
         if not names:
             continue
@@ -182,3 +188,45 @@ def test_gated_epilogue_stores_from_registers_with_fast_activations(v, sass_by_v
     calls = len(re.findall(r"\bCALL\b", gated[0]))
     assert calls <= max((len(re.findall(r"\bCALL\b", k)) for k in plain), default=calls), "slow-path calls"
     assert not re.search(r"\b(LDL|STL)\b", gated[0]), "the gated kernel spills to local memory"
+
+
+# The fp8 quantization kernels outside the menu (kernels/*_quantize.cu): one
+# instantiation per input (bf16, f16, f32) and output (e4m3, e5m2) format, in
+# every arch the extension is built for, each moving 16 bytes per load or
+# store where the design says so and none spilling.
+QUANTIZE_KERNELS = {
+    "quantize_weight_blocks_kernel": {
+        r"\bLDG\.E\.128\b": "16-byte loads of the weights' rows",
+        r"\bSTG\.E\.128\b": "16-byte stores of the transposed copy's columns",
+        r"\bSHFL\.BFLY\b": "the block amax reduced across the warp",
+    },
+    "quantize_token_tiles_kernel": {
+        r"\bLDG\.E\.128\b": "16-byte loads of the rows",
+        r"\bSTG\.E\.128\b": "16-byte stores of each column's fp8 values",
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def quantize_sass(cubins):
+    """(arch, kernel) -> the SASS of each of its instantiations."""
+    found = {}
+    for cubin in cubins:
+        target = re.search(r"\.sm_(\d+[a-z]?)\.cubin$", cubin.name)
+        parts = FUNCTION.split(sass.run_on(cubin, "--dump-sass"))
+        for name, body in zip(parts[1::2], parts[2::2]):
+            for kernel in QUANTIZE_KERNELS:
+                if kernel in name:
+                    found.setdefault((f"sm{target.group(1)}", kernel), []).append(body)
+    return found
+
+
+@pytest.mark.parametrize("kernel", sorted(QUANTIZE_KERNELS))
+def test_quantization_kernels_move_16_bytes_and_do_not_spill(kernel, quantize_sass):
+    for arch in _ffi.built_archs():
+        bodies = quantize_sass.get((arch, kernel), [])
+        assert len(bodies) == 6, f"{kernel} on {arch}: {len(bodies)} instantiations, want 3 inputs x 2 outputs"
+        for text in bodies:
+            missing = [why for pattern, why in QUANTIZE_KERNELS[kernel].items() if not re.search(pattern, text)]
+            assert not missing, f"{kernel} on {arch} lacks: " + "; ".join(missing)
+            assert not re.search(r"\b(LDL|STL)\b", text), f"{kernel} on {arch} spills to local memory"

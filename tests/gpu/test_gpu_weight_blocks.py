@@ -1,0 +1,70 @@
+"""The weight-block quantization kernel (kernels/weight_block_quantize.cu) on
+the GPU against the same primitive's XLA form: bitwise-equal values in both
+layouts and scales for every input and output format, and the fp8 recipe's
+gradients through either form."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_cluster.ops.fp8_training import fp8_grouped, fp8_linear
+from jax_cluster.primitives.weight_block_quantize import kernel_default_as, quantize_weight_blocks
+
+pytestmark = pytest.mark.gpu
+SHAPES = {"one dense weight": (1, 384, 640), "experts": (8, 256, 1152), "many small experts": (300, 128, 256)}
+
+
+def _both(w, dtype):
+    run = jax.jit(quantize_weight_blocks, static_argnums=1, static_argnames="use_kernel")
+    return run(w, dtype, use_kernel=True), run(w, dtype, use_kernel=False)
+
+
+def _assert_bitwise(got, want):
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+
+
+@pytest.mark.parametrize("label", list(SHAPES))
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
+@pytest.mark.parametrize("w_dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+def test_the_kernel_writes_what_xla_computes(label, dtype, w_dtype):
+    shape = SHAPES[label]
+    w = (jax.random.normal(jax.random.key(len(label)), shape) * 5.0).astype(w_dtype)
+    w = w.at[0, :128, :128].set(0)  # an all-zero block: scale 1
+    w = w.at[-1, 130, 7].set(jnp.nan)  # a NaN spoils its own block, as in XLA
+    w = w.at[0, 200, 300 % shape[2]].set(1e4)  # past e4m3's range before scaling
+    _assert_bitwise(*_both(w, dtype))
+
+
+def test_the_kernel_leaves_no_byte_unwritten():
+    """Outputs are fresh XLA buffers: a skipped element would differ between runs."""
+    w = jax.random.normal(jax.random.key(1), (3, 512, 384), jnp.bfloat16)
+    first, _ = _both(w, jnp.float8_e4m3fn)
+    again, _ = _both(w + 0, jnp.float8_e4m3fn)
+    assert np.isfinite(np.asarray(first[2])).all()
+    _assert_bitwise(first, again)
+
+
+def test_an_empty_stack_is_a_no_op():
+    (kn, nk, scales), _ = _both(jnp.zeros((0, 128, 256), jnp.bfloat16), jnp.float8_e4m3fn)
+    assert kn.shape == (0, 128, 256) and nk.shape == (0, 256, 128) and scales.shape == (0, 1, 2)
+
+
+def _grads(fn, *args):
+    return jax.jit(jax.grad(lambda *a: (fn(*a).astype(jnp.float32) ** 2).sum(), argnums=(0, 1)))(*args)
+
+
+def test_the_recipe_is_the_same_through_either_form():
+    x = jax.random.normal(jax.random.key(2), (512, 384), jnp.bfloat16)
+    w = (jax.random.normal(jax.random.key(3), (384, 640)) * 0.05).astype(jnp.bfloat16)
+    wg = (jax.random.normal(jax.random.key(4), (4, 384, 640)) * 0.05).astype(jnp.bfloat16)
+    sizes = jnp.asarray([200, 0, 250, 62], jnp.int32)
+    for fn, weight in ((lambda x, w: fp8_linear(x, w), w), (lambda x, w: fp8_grouped(x, w, sizes), wg)):
+        with kernel_default_as(True):
+            fused = _grads(fn, x, weight)
+        with kernel_default_as(False):
+            plain = _grads(fn, x, weight)
+        for a, b in zip(fused, plain):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
