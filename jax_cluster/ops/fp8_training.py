@@ -6,7 +6,9 @@ values the layers keep.
   forward  y  = x @ W        x in (1, 128) tiles along K, W in (128, 128) blocks
   d_input  dx = dy @ W^T     dy in (1, 128) tiles along N, W's blocks as above
   d_weight dW = x^T @ dy     x^T in (1, 128) tiles along the rows (tokens),
-                             dy in (128, 128) blocks
+                             dy in (128, 128) blocks (each by its one-pass
+                             quantization primitive, in the layout the
+                             kernel reads in place)
 "mxfp8" (OCP microscaling, e4m3 with one e8m0 scale per 32 values along
 each product's contraction; MXFP8 kernels on sm100a): x and dy in (1, 32)
 tiles along K and N, W in (32, 1) blocks along K for the forward and (1, 32)
@@ -42,9 +44,11 @@ import jax.numpy as jnp
 
 from jax_cluster.ops.dense import dot_general, matmul
 from jax_cluster.ops.fp8_grouped import grouped_weight_gradient, mx_weight_gradient
-from jax_cluster.ops.quantize import dequantize, quantize, quantize_weight
+from jax_cluster.ops.quantize import dequantize, qarray, quantize, quantize_weight
 from jax_cluster.ops.ragged_dot import ragged_dot
 from jax_cluster.primitives.ragged import ragged
+from jax_cluster.primitives.token_tile_quantize import quantize_token_tiles
+from jax_cluster.primitives.weight_block_quantize import quantize_weight_blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,9 +131,26 @@ def _linear_backward(recipe, grad_dtype, saved, dy):
     rows, grads = _rows_of(x, "fp8_linear", recipe), _rows_of(dy, "fp8_linear", recipe)
     # dy [M, N] . W [K, N] over N
     dx = dot_general(quantize(grads, block=r.rows, dtype=grad_dtype), w, _CONTRACT_LAST, preferred_element_type=x.dtype)
-    dy_tokens = quantize(grads, block=r.grad_tokens, dtype=grad_dtype)
-    dw = matmul(quantize(rows.T, block=r.tokens), dy_tokens, out_dtype=jnp.float32)
+    if recipe == "blockwise":
+        dw = _blockwise_weight_gradient(rows, grads, grad_dtype)
+    else:
+        dy_tokens = quantize(grads, block=r.grad_tokens, dtype=grad_dtype)
+        dw = matmul(quantize(rows.T, block=r.tokens), dy_tokens, out_dtype=jnp.float32)
     return dx.reshape(x.shape), dw.astype(kernel.dtype)
+
+
+def _blockwise_weight_gradient(rows, grads, grad_dtype):
+    """x^T [K, M] . dy [M, N] over the M tokens in float32: x^T in e4m3 1 x 128
+    tiles along the tokens (the token-tile quantization with one group: the
+    transpose and the scaling in one pass where its kernel runs), dy in 128 x
+    128 blocks read as dy^T [N, M] (the weight-block quantization's transposed
+    layout), so the block-scaled kernel reads both in place."""
+    tokens = rows.shape[0]
+    xt, xt_scales = quantize_token_tiles(rows, jnp.full((1,), tokens, jnp.int32), tokens, jnp.float8_e4m3fn)
+    _, dyt, dy_scales = quantize_weight_blocks(grads[None], grad_dtype)
+    lhs = qarray(xt, xt_scales.T)  # one scale per 128 tokens of a feature
+    rhs = qarray(dyt[0], dy_scales[0].T)
+    return dot_general(lhs, rhs, _CONTRACT_LAST, preferred_element_type=jnp.float32)
 
 
 fp8_linear.defvjp(_linear_forward, _linear_backward)

@@ -109,8 +109,13 @@ def quantize_weight(w, dtype=jnp.float8_e4m3fn, *, use_kernel: bool | None = Non
     kn, nk, scales = quantize_weight_blocks(stack, dtype, use_kernel=use_kernel)
     if w.ndim == 2:
         kn, nk, scales = kn[0], nk[0], scales[0]
-    qwix = _qwix()
-    return qwix.QArray(kn, scales, None, dtype), qwix.QArray(nk, jnp.swapaxes(scales, -1, -2), None, dtype)
+    return qarray(kn, scales), qarray(nk, jnp.swapaxes(scales, -1, -2))
+
+
+def qarray(values, scales):
+    """A QArray of fp8 `values` and their float32 block `scales` (one per
+    block of the last two axes), made elsewhere (a quantization kernel)."""
+    return _qwix().QArray(values, scales, None, jnp.dtype(values.dtype))
 
 
 def dequantize(q, dtype=jnp.float32):

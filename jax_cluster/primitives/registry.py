@@ -43,11 +43,15 @@ def partitioned_primitive(
 
     mlir.register_lowering(primitive, lowering)
     _needs_devices_at_lowering(primitive)
+    _set_batch_rule(primitive, batch_rule)
+    return primitive
+
+
+def _set_batch_rule(primitive: Primitive, batch_rule) -> None:
     if batch_rule == "loop":
         batch_rule = functools.partial(_loop_batch_rule, primitive)
     if batch_rule is not None:
         batching.primitive_batchers[primitive] = batch_rule
-    return primitive
 
 
 def _loop_batch_rule(primitive, args, dims, **params):
@@ -61,12 +65,16 @@ def _loop_batch_rule(primitive, args, dims, **params):
         it = iter(batched)
         return primitive.bind(*[x if m is None else next(it) for x, m in zip(args, moved)], **params)
 
-    return jax.lax.map(one, [m for m in moved if m is not None]), 0
+    out = jax.lax.map(one, [m for m in moved if m is not None])
+    return out, ([0] * len(out) if primitive.multiple_results else 0)
 
 
-def local_primitive(name: str, *, abstract_eval, xla_impl, cuda_lowering, multiple_results=False) -> Primitive:
+def local_primitive(
+    name: str, *, abstract_eval, xla_impl, cuda_lowering, multiple_results=False, batch_rule=None
+) -> Primitive:
     """The one-device primitive of an op: `cuda_lowering` on CUDA, `xla_impl`
-    (jnp code with the same parameters) everywhere else."""
+    (jnp code with the same parameters) everywhere else. `batch_rule`, as for
+    partitioned_primitive ("loop": one bind per element of the vmapped axis)."""
     primitive = Primitive(name)
     primitive.multiple_results = multiple_results
     # outside jit (eager calls) a bind compiles the one call
@@ -74,6 +82,7 @@ def local_primitive(name: str, *, abstract_eval, xla_impl, cuda_lowering, multip
     primitive.def_abstract_eval(abstract_eval)
     mlir.register_lowering(primitive, mlir.lower_fun(xla_impl, multiple_results=multiple_results))
     mlir.register_lowering(primitive, cuda_lowering, platform="cuda")
+    _set_batch_rule(primitive, batch_rule)
     return primitive
 
 

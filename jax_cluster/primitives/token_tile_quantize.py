@@ -80,6 +80,7 @@ quantize_token_tiles_p = local_primitive(
     xla_impl=xla_token_tiles,
     cuda_lowering=_cuda_lowering,
     multiple_results=True,
+    batch_rule="loop",
 )
 
 

@@ -92,15 +92,6 @@ def _cuda_lowering(ctx, w, *, dtype, use_kernel):
     return jax.ffi.ffi_lowering(FFI_TARGETS["quantize_weight_blocks"])(ctx, w)
 
 
-quantize_weight_blocks_p = local_primitive(
-    "jax_cluster_quantize_weight_blocks",
-    abstract_eval=_abstract_eval,
-    xla_impl=xla_weight_blocks,
-    cuda_lowering=_cuda_lowering,
-    multiple_results=True,
-)
-
-
 def _batch_rule(args, dims, **params):
     """A vmapped stack is more groups: [B, G, K, N] binds as [B*G, K, N]."""
     (w,), (dim,) = args, dims
@@ -110,7 +101,14 @@ def _batch_rule(args, dims, **params):
     return [o.reshape(size, groups, *o.shape[1:]) for o in outs], [0, 0, 0]
 
 
-batching.primitive_batchers[quantize_weight_blocks_p] = _batch_rule
+quantize_weight_blocks_p = local_primitive(
+    "jax_cluster_quantize_weight_blocks",
+    abstract_eval=_abstract_eval,
+    xla_impl=xla_weight_blocks,
+    cuda_lowering=_cuda_lowering,
+    multiple_results=True,
+    batch_rule=_batch_rule,
+)
 
 
 def quantize_weight_blocks(w, dtype, *, use_kernel: bool | None = None):

@@ -156,15 +156,24 @@ def test_the_fp8_recipe_differentiates_close_to_bf16(recipe):
 
 
 def test_the_blockwise_recipe_quantizes_each_weight_once_into_both_layouts():
-    """One weight-block quantization per step and weight: the forward reads its
-    transposed layout, the input gradient the as-stored one it saved."""
+    """One weight-block quantization per step and weight (and, dense, one of
+    dy for the weight gradient): the forward reads the weight's transposed
+    layout, the input gradient the as-stored one it saved."""
     x = _normal(16, (256, 256)).astype(jnp.bfloat16)
     w = (_normal(17, (256, 384)) * 0.05).astype(jnp.bfloat16)
     wg = (_normal(18, (2, 256, 384)) * 0.05).astype(jnp.bfloat16)
     sizes = jnp.array([200, 56], jnp.int32)
-    for fn, weight in ((lambda x, w: fp8_linear(x, w), w), (lambda x, w: fp8_grouped(x, w, sizes), wg)):
+    # dense: the weight's and dy's 128 x 128 blocks (the weight gradient's), each once; grouped: the weight's
+    cases = ((lambda x, w: fp8_linear(x, w), w, 2), (lambda x, w: fp8_grouped(x, w, sizes), wg, 1))
+    for fn, weight, count in cases:
         text = str(jax.make_jaxpr(lambda x, w, fn=fn: _grads(fn, x, w))(x, weight))
-        assert text.count("jax_cluster_quantize_weight_blocks") == 1
+        assert text.count("jax_cluster_quantize_weight_blocks") == count
+    assert "jax_cluster_quantize_token_tiles" in str(jax.make_jaxpr(lambda x, w: _grads(fp8_linear, x, w))(x, w))
+    # a vmapped step: each quantization primitive batches (the token tiles one call per element)
+    batched = jax.vmap(lambda x, w: _grads(fp8_linear, x, w))(jnp.stack([x, x * 2]), jnp.stack([w, w]))
+    np.testing.assert_array_equal(
+        np.asarray(batched[1][0], np.float32), np.asarray(_grads(fp8_linear, x, w)[1], np.float32)
+    )
     # the forward alone writes the same numbers as the training step's forward
     y, vjp = jax.vjp(lambda w: fp8_linear(x, w), w)
     np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(fp8_linear(x, w), np.float32))

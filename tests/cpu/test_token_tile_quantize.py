@@ -84,6 +84,17 @@ def test_the_kernel_is_the_default_only_where_its_machine_code_runs(monkeypatch)
     assert f"use_kernel={kernel_by_default()}" in text
 
 
+def test_a_vmapped_call_is_one_call_per_element():
+    x = jax.random.normal(jax.random.key(2), (3, 256, 128), jnp.bfloat16)
+    sizes = jnp.asarray([[100, 156], [0, 256], [256, 0]], jnp.int32)
+    values, scales = jax.vmap(lambda x, s: quantize_token_tiles(x, s, 384, jnp.float8_e4m3fn))(x, sizes)
+    assert values.shape == (3, 128, 384) and scales.shape == (3, 3, 128)
+    for i in range(3):
+        want_values, want_scales = reference(x[i], np.asarray(sizes[i]), 384, jnp.float8_e4m3fn)
+        np.testing.assert_array_equal(np.asarray(scales[i]), want_scales)
+        np.testing.assert_array_equal(np.asarray(values[i]).view(np.uint8), want_values.view(np.uint8))
+
+
 def test_bad_calls_are_refused():
     x = jnp.zeros((64, 128), jnp.bfloat16)
     with pytest.raises(ValueError, match="not a multiple of 128"):
