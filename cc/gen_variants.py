@@ -23,7 +23,7 @@ A_LAYOUT = {"k": "cutlass::layout::RowMajor", "m": "cutlass::layout::ColumnMajor
 B_LAYOUT = {"k": "cutlass::layout::ColumnMajor", "n": "cutlass::layout::RowMajor"}
 # The dense kernel template of each arch (in tables.ARCH_NAMESPACES[arch]);
 # grouped rows use their kind's template there, GroupedGemm where it is empty.
-DENSE_TEMPLATES = {"sm90a": "GemmWsPersistent", "sm100a": "GemmTcgen05Persistent"}
+DENSE_TEMPLATES = {"sm90a": "GemmWsPersistent", "sm100f": "GemmTcgen05Persistent"}
 # A grouped row with a fused epilogue runs that epilogue's template instead of its kind's.
 GROUPED_EPILOGUE_TEMPLATES = {"gated": "GroupedGatedGemm"}
 

@@ -48,7 +48,7 @@ foreach(_arch IN LISTS JAX_CLUSTER_ARCHS)
   if(NOT _jc_sources_${_arch})
     continue()
   endif()
-  string(REGEX REPLACE "^sm([0-9]+a?)$" "\\1" _num "${_arch}")
+  string(REGEX REPLACE "^sm([0-9]+[af]?)$" "\\1" _num "${_arch}")
   add_library(kernels_${_arch} OBJECT ${_jc_sources_${_arch}})
   set_target_properties(kernels_${_arch} PROPERTIES CUDA_ARCHITECTURES OFF CUDA_STANDARD 17
                         CUDA_COMPILER_LAUNCHER "${_jc_launcher}")
@@ -62,7 +62,7 @@ endforeach()
 # Kernels outside the menu (no CUTLASS): one object with machine code for every arch.
 set(_jc_gencodes "")
 foreach(_arch IN LISTS JAX_CLUSTER_ARCHS)
-  string(REGEX REPLACE "^sm([0-9]+a?)$" "\\1" _num "${_arch}")
+  string(REGEX REPLACE "^sm([0-9]+[af]?)$" "\\1" _num "${_arch}")
   list(APPEND _jc_gencodes "-gencode=arch=compute_${_num},code=sm_${_num}")
 endforeach()
 add_library(kernels_shared OBJECT cc/kernels/token_tile_quantize.cu

@@ -1,6 +1,6 @@
 """jax_cluster: cluster-persistent GEMM kernels for JAX on Hopper and Blackwell.
 
-`matmul` and `dot_general` run CUTLASS-based sm90a/sm100a kernels through XLA
+`matmul` and `dot_general` run CUTLASS-based sm90a/sm100f kernels through XLA
 FFI when the planner picks one, and XLA's own dot everywhere else.
 `ragged_dot` is the grouped GEMM (jax.lax.ragged_dot's semantics), and
 `gated_ragged_dot` the gated one (act(x @ gate) * (x @ up) per group, the

@@ -43,8 +43,8 @@ if [ -n "${PREBUILT:-}" ]; then
   cp "$PREBUILT"/_ext*.so jax_cluster/ && export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} || exit 1
 else
   step build
-  # Only the arch of the GPU at hand by default (ARCHS="sm90a;sm100a" for both): CI
-  # builds and SASS-checks sm100a, and skipping it here saves GPU minutes.
+  # Only the arch of the GPU at hand by default (ARCHS="sm90a;sm100f" for both): CI
+  # builds and SASS-checks sm100f, and skipping it here saves GPU minutes.
   # VARIANTS=REGEX builds only the matching menu rows, for a quick measurement.
   # One row per unit: 16 cores finish 29 units sooner than 8 bigger ones.
   if ! "$PY" -m pip install -v --no-build-isolation --no-deps -C cmake.define.JAX_CLUSTER_CUDA=ON \

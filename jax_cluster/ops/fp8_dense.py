@@ -6,7 +6,7 @@ stored [K, N] (the matmul form) or [N, K]. The kernel reads B [N, K], so the
 [K, N] form transposes rhs's fp8 values (1 byte each) and keeps its scales,
 and the [N, K] form transposes only the scales. MXFP8 operands (e8m0 scales,
 one per 32 values along K: lhs in (1, 32) tiles, rhs [K, N] in (32, 1) or
-[N, K] in (1, 32)) run the sm100a MX kernel, their scales reordered into
+[N, K] in (1, 32)) run the sm100f MX kernel, their scales reordered into
 its layout (primitives/mx_scales.py). `scaled_product` returns None where no
 kernel plan takes the call (another GPU, a CPU, e5m2, M not a multiple of 4,
 an MX weight tiled across K's other axis, a plan of another dtype): the ops

@@ -7,7 +7,7 @@ stored [G, K, N] ("gkn") or [G, N, K] ("gnk"). The kernel reads each group's
 B as [N, K], so "gkn" transposes rhs's fp8 values (1 byte each) and keeps its
 scales, and "gnk" transposes only the scales. MXFP8 operands (e8m0 scales,
 lhs in (1, 32) blocks, each group's weight in 32 values along K) run the
-sm100a MX grouped kernel, their scales reordered into its layouts
+sm100f MX grouped kernel, their scales reordered into its layouts
 (primitives/mx_scales.py). `scaled_grouped_product` returns None where no
 kernel plan takes the call (the planner has no validated row, another GPU, a
 CPU, e5m2, a plan of another dtype): the op then dequantizes to bfloat16.
@@ -68,7 +68,7 @@ def scaled_grouped_product(lhs, rhs, group_sizes, rhs_layout: str, out_dtype, pl
 
 
 def _mx_grouped_product(lhs, rhs, group_sizes, rhs_layout: str, out_dtype, plan: Plan | None):
-    """MXFP8 lhs [M, K] (1 x 32 blocks) . rhs[g] on the sm100a MX grouped
+    """MXFP8 lhs [M, K] (1 x 32 blocks) . rhs[g] on the sm100f MX grouped
     kernel, [M, N]; None when no plan takes it. Each group's weight must
     share its scales along K: (32, 1) blocks of "gkn", (1, 32) of "gnk"."""
     values = lhs.qvalue
@@ -134,7 +134,7 @@ def grouped_weight_gradient(
 
 def mx_weight_gradient(x, dy, group_sizes, out_dtype, plan: Plan | None = None):
     """[G, K, N]: x [M, K]^T dy [M, N] over each group's rows in MXFP8 on the
-    sm100a MX ragged_k kernel, or None where no plan (`plan`, or the
+    sm100f MX ragged_k kernel, or None where no plan (`plan`, or the
     planner's) takes it. Both operands go to the block-aligned row layout
     (each group on its own 128-row tiles, zeros between), transposed so the
     rows are contiguous, and are scaled in blocks of 32 rows: a block never

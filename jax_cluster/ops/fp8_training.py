@@ -10,7 +10,7 @@ values the layers keep.
                              quantization primitive, in the layout the
                              kernel reads in place)
 "mxfp8" (OCP microscaling, e4m3 with one e8m0 scale per 32 values along
-each product's contraction; MXFP8 kernels on sm100a): x and dy in (1, 32)
+each product's contraction; MXFP8 kernels on sm100f): x and dy in (1, 32)
 tiles along K and N, W in (32, 1) blocks along K for the forward and (1, 32)
 along N for d_input, x^T and dy in 32-row blocks along the tokens for d_weight.
 MX blocks run along the contraction only, so W and dy are quantized once per
@@ -25,7 +25,7 @@ In the grouped form the blockwise weight gradient takes x^T and dy^T both in
 (1, 128) tiles along the tokens, each group's tokens starting on a tile (the
 rows are regrouped with zeros between groups: primitives/token_tiles.py), so
 a tile never mixes two groups. The MXFP8 weight gradient takes the same
-layout, x^T and dy^T in 32-row blocks, on the sm100a MX ragged_k kernel;
+layout, x^T and dy^T in 32-row blocks, on the sm100f MX ragged_k kernel;
 where no plan takes it, it runs in bf16 on x and dy rounded through MXFP8
 (32-row blocks in the rows' own order, which may span two groups: a shared
 scale changes the rounding, not the sum).

@@ -2,7 +2,7 @@
 
 y = act(alpha * x @ kernel + beta * residual + bias), with the bias, the
 activation and the residual add applied in the GEMM's epilogue on sm90a and
-sm100a ("bias_act" menu rows), and on XLA elsewhere. Under differentiation
+sm100f ("bias_act" menu rows), and on XLA elsewhere. Under differentiation
 the backward needs the pre-activation z, so the activation runs on XLA, and
 so do the bias and residual: they join the activation's pass over the plain
 GEMM's output, where the fused epilogue would only slow the GEMM (the H200's

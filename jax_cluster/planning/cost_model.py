@@ -21,8 +21,8 @@ PORTABLE_CLUSTER_SIZE = 8  # CUDA guarantees clusters up to 8 CTAs; more needs a
 TILE_EFFICIENCY = {
     ("sm90a", 128, 256): 1.0,
     ("sm90a", 128, 128): 0.88,
-    ("sm100a", 256, 256): 1.0,
-    ("sm100a", 128, 256): 0.92,
+    ("sm100f", 256, 256): 1.0,
+    ("sm100f", 128, 256): 0.92,
 }
 OTHER_TILE_EFFICIENCY = 0.8
 STREAM_K_OVERHEAD = 1.10  # partial-tile fix-up traffic, modelled
@@ -82,13 +82,13 @@ DECODE_MAX_ROWS_PER_GROUP = 2.0
 
 # dense bf16/f16 tensor-core FLOP/s per SM (H100/H200 SXM: ~989 TFLOP/s on 132
 # SMs; B200: ~2250 TFLOP/s on 148 SMs)
-FLOPS_PER_SM = {"sm90a": 989e12 / 132, "sm100a": 2250e12 / 148}
+FLOPS_PER_SM = {"sm90a": 989e12 / 132, "sm100f": 2250e12 / 148}
 # fp8 tensor cores run twice bf16's rate on both archs
 PEAK_SCALE_BY_DTYPE = {"e4m3": 2.0, "mxe4m3": 2.0}
 # HBM bytes/s by the device name CUDA reports; the arch default is the
 # smallest of its family, so "memory-bound" is never claimed too late.
 BANDWIDTH_BY_NAME = {"H200": 4.8e12, "H100": 3.35e12, "B200": 8.0e12, "GB200": 8.0e12}
-BANDWIDTH_BY_ARCH = {"sm90a": 3.35e12, "sm100a": 8.0e12}
+BANDWIDTH_BY_ARCH = {"sm90a": 3.35e12, "sm100f": 8.0e12}
 
 
 # --------------------------------------------------------------------------- roofline

@@ -67,7 +67,7 @@ def plan_ragged(
     (m, n, k) is the GEMM view described in this module's docstring; `groups`
     is G. `overrides` pins variant, tile=(m,n,k) or cluster=(m,n); path="xla"
     forces the fallback. Grouped kernels schedule dynamically: sm90a through a
-    work queue ("dynamic"), sm100a through Cluster Launch Control ("clc").
+    work queue ("dynamic"), sm100f through Cluster Launch Control ("clc").
     Unpinned calls small enough that XLA's ragged_dot measured faster run on
     XLA's path (routing.py); route="kernel" (or JAX_CLUSTER_ROUTE=kernel)
     keeps the kernel. `epilogue="gated"` (ragged_m) plans the gated

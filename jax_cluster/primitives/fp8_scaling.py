@@ -29,8 +29,9 @@ def kernel_formats(x_dtype, dtype) -> bool:
 
 def device_runs_kernels(device=None) -> bool:
     """Whether a device (default: the first) runs the kernels' machine code:
-    they are built for the extension's archs, and arch-specific code runs on
-    its exact compute capability only (sm_90a on 9.0, sm_100a on 10.0)."""
+    they are built for the extension's archs, each running on the compute
+    capabilities contract.json lists (sm_90a on 9.0, family-specific sm_100f
+    on 10.0 and 10.3)."""
     return describe(device).arch in _ffi.built_archs()
 
 

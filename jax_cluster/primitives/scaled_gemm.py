@@ -10,7 +10,7 @@ Both scale arrays run over K blocks first (the layout the mainloop reads);
 K is a multiple of 128. The kernel scales each K block's fp32 partial sums
 before adding them to the accumulators, and writes bfloat16.
 
-MXFP8 (sm100a): the same call with e8m0 scales names the MX format, one
+MXFP8 (sm100f): the same call with e8m0 scales names the MX format, one
 scale per 32 values along K of A and of B, each flat in the kernel's layout
 (primitives/mx_scales.py): scale_a [mx_scales.layout_size(M, K)], scale_b
 [mx_scales.layout_size(N, K)]; K a multiple of 128. The op takes

@@ -11,7 +11,7 @@ Scale blocks never meet a group boundary there: A's tiles run along K within
 one row, and B's blocks belong to one group's matrix. Rows past the groups
 are zero.
 
-MXFP8 (sm100a) takes the same call with e8m0 scales, one per 32 values along
+MXFP8 (sm100f) takes the same call with e8m0 scales, one per 32 values along
 K of A and of each group's B, in the kernel's layouts (primitives/mx_scales.py):
   scale_a      [grouped_layout_size(rows, G, K)]   each group's rows on a row tile
   scale_b      [G, layout_size(N, K)]
@@ -28,7 +28,7 @@ rows, stored with the rows contiguous:
 The rows are in the block-aligned layout of primitives/token_tiles.py: each
 group starts on a tile, so no tile has two groups' rows.
 
-MXFP8 (sm100a) takes the same call with e8m0 scales, one per 32 rows of a
+MXFP8 (sm100f) takes the same call with e8m0 scales, one per 32 rows of a
 column, each operand's in one kernel layout of the whole operand (rows as K):
   scale_a      [layout_size(K', rows)]
   scale_b      [layout_size(N', rows)]

@@ -1,5 +1,5 @@
 """MXFP8 operands: `quantize` in 32-value blocks with e8m0 scales, the scales'
-reordering for the sm100a kernel (checked against CUTLASS's own layout in
+reordering for the sm100f kernel (checked against CUTLASS's own layout in
 tests/native/test_mx_scale_layout.py), the plans MX calls get, the products
 through the primitive's fallback and the dequantized path, and the errors."""
 

@@ -1,7 +1,7 @@
 """MXFP8 grouped products: ragged_m (each group's A scales on a row tile of
 the grouped layout) and the weight gradient (ragged_k over block-aligned
 tokens), the primitive's float32 fallback, its trace-time checks, and the
-planner's choice of the sm100a MX grouped rows."""
+planner's choice of the sm100f MX grouped rows."""
 
 import jax
 import jax.numpy as jnp

@@ -25,13 +25,13 @@ B200 = described((10, 0), 148)
 H200_NAMED = dataclasses.replace(H200, name="NVIDIA H200")
 
 
-# sm_100a SASS runs on 10.0 only: a B300 (10.3) takes XLA's path
+# family-specific sm_100f SASS runs on 10.0 and 10.3 (B200, B300); 12.x is another family
 @pytest.mark.parametrize(
     "cc,arch",
     [
         ((9, 0), "sm90a"),
-        ((10, 0), "sm100a"),
-        ((10, 3), None),
+        ((10, 0), "sm100f"),
+        ((10, 3), "sm100f"),
         ((8, 0), None),
         ((8, 9), None),
         ((12, 0), None),
@@ -166,7 +166,7 @@ def test_ffi_attrs_match_the_cpp_plan_struct():
 def test_sm100_plans_use_2cta_umma():
     for b_major in ("k", "n"):
         p = jax_cluster.plan(8192, 8192, 8192, dtype=jnp.bfloat16, device=B200, b_major=b_major)
-        assert p.path == "kernel" and p.arch == "sm100a" and p.mma == "2cta"
+        assert p.path == "kernel" and p.arch == "sm100f" and p.mma == "2cta"
     p = jax_cluster.plan(8192, 8192, 8192, dtype=jnp.bfloat16, device=B200, schedule="clc")
     assert p.schedule == "clc" and "clc" in p.variant
 
@@ -263,7 +263,7 @@ def test_planner_makespan_matches_the_simulator(tiles, clusters):
 @needs_kernels
 def test_non_portable_clusters_need_an_opt_in(monkeypatch):
     big = dataclasses.replace(
-        next(v for v in tables.load_menu() if v.arch == "sm100a" and v.problem == "dense"), cluster_m=4, cluster_n=4
+        next(v for v in tables.load_menu() if v.arch == "sm100f" and v.problem == "dense"), cluster_m=4, cluster_n=4
     )
     menu = tables.load_menu() + (big,)
     monkeypatch.setattr(tables, "load_menu", lambda: menu)
@@ -295,7 +295,7 @@ def test_explain_places_the_problem_against_the_ridge_point(m, n, k, bound):
 
 
 @needs_kernels
-@pytest.mark.parametrize("device,arch", [(H200, "sm90a"), (B200, "sm100a")])
+@pytest.mark.parametrize("device,arch", [(H200, "sm90a"), (B200, "sm100f")])
 def test_fused_epilogue_plans_take_only_bias_act_rows(device, arch):
     args = dict(dtype=jnp.bfloat16, device=device, b_major="n")
     fused = jax_cluster.plan(4096, 4096, 4096, epilogue="bias_act", **args)

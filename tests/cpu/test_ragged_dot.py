@@ -349,11 +349,11 @@ def test_decode_takes_the_narrow_tile_only_where_few_groups_leave_sms_idle(b_maj
 
 @pytest.mark.parametrize("problem,b_major", [("ragged_m", "n"), ("ragged_m", "k"), ("ragged_k", "n")])
 def test_b200_plan_picks_the_clc_grouped_row(problem, b_major):
-    if not compiled_ragged_row(problem, "sm100a"):
-        pytest.skip(f"the extension has no compiled sm100a {problem} row")
+    if not compiled_ragged_row(problem, "sm100f"):
+        pytest.skip(f"the extension has no compiled sm100f {problem} row")
     p = jax_cluster.plan_ragged(4096, 2048, 1024, 8, problem=problem, dtype=jnp.bfloat16, b_major=b_major, device=B200)
     v = {v.name: v for v in tables.load_menu()}[p.variant]
-    assert p.path == "kernel" and p.arch == "sm100a" and v.kind == "2sm_grouped_clc"
+    assert p.path == "kernel" and p.arch == "sm100f" and v.kind == "2sm_grouped_clc"
     assert v.problem == problem and (p.a_major, p.b_major) == (v.a_major, v.b_major)
     assert (p.schedule, p.mma, p.cluster_m, p.cluster_n) == ("clc", "2cta", 2, 1)
     assert p.max_active_clusters == 148 // 2 and "clc schedule" in p.reason
@@ -371,7 +371,7 @@ def test_b200_plan_picks_the_clc_grouped_row(problem, b_major):
 
 
 @pytest.mark.skipif(
-    not compiled_ragged_row("ragged_m", "sm100a"), reason="the extension has no compiled sm100a ragged_m row"
+    not compiled_ragged_row("ragged_m", "sm100f"), reason="the extension has no compiled sm100f ragged_m row"
 )
 def test_clc_grouped_workspace_grows_with_the_launched_clusters():
     """CUTLASS keeps a descriptor copy per launched CTA, and CLC launches the tile bound."""
@@ -456,7 +456,7 @@ def test_explain_for_clc_ragged_plans():
         p,
         path="kernel",
         variant="hand_made",
-        arch="sm100a",
+        arch="sm100f",
         tile_m=256,
         tile_n=256,
         tile_k=64,

@@ -72,8 +72,8 @@ def test_the_kernel_switch_keeps_the_numbers_where_no_kernel_runs():
 
 
 def test_the_kernel_is_the_default_only_where_its_machine_code_runs(monkeypatch):
-    monkeypatch.setattr(_ffi, "built_archs", lambda: ("sm90a", "sm100a"))
-    for cc, runs in (((9, 0), True), ((10, 0), True), ((10, 3), False), ((8, 0), False), ((12, 0), False)):
+    monkeypatch.setattr(_ffi, "built_archs", lambda: ("sm90a", "sm100f"))
+    for cc, runs in (((9, 0), True), ((10, 0), True), ((10, 3), True), ((8, 0), False), ((12, 0), False)):
         assert kernel_by_default(DeviceInfo("cuda", compute_capability=cc)) is runs, cc
     assert not kernel_by_default(DeviceInfo("cpu"))
     monkeypatch.setattr(_ffi, "built_archs", lambda: ("sm90a",))  # a build for the H100/H200 only

@@ -110,7 +110,7 @@ def test_the_kernel_switch_keeps_the_numbers_where_no_kernel_runs():
 
 
 def test_the_kernel_is_off_by_default_until_measured(monkeypatch):
-    monkeypatch.setattr(_ffi, "built_archs", lambda: ("sm90a", "sm100a"))
+    monkeypatch.setattr(_ffi, "built_archs", lambda: ("sm90a", "sm100f"))
     for cc in ((9, 0), (10, 0), (10, 3), (8, 0)):
         assert not kernel_by_default(DeviceInfo("cuda", compute_capability=cc)), cc
     w = jnp.ones((1, 128, 128), jnp.bfloat16)
@@ -118,7 +118,7 @@ def test_the_kernel_is_off_by_default_until_measured(monkeypatch):
     assert f"use_kernel={kernel_by_default()}" in text
     hopper = DeviceInfo("cuda", compute_capability=(9, 0))
     with kernel_default_as(True):  # a benchmark's switch: still only where the machine code runs
-        assert kernel_by_default(hopper) and not kernel_by_default(DeviceInfo("cuda", compute_capability=(10, 3)))
+        assert kernel_by_default(hopper) and not kernel_by_default(DeviceInfo("cuda", compute_capability=(12, 0)))
         with kernel_default_as(False):
             assert not kernel_by_default(hopper)
         assert kernel_by_default(hopper)

@@ -1,4 +1,4 @@
-"""The sm90a/sm100a kernels on a real GPU, against a float32 reference.
+"""The sm90a/sm100f kernels on a real GPU, against a float32 reference.
 
 Outputs are poisoned with NaN before every launch (conftest), inputs are
 fresh random draws, and kernel results must repeat bit for bit.

@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 
@@ -36,3 +37,12 @@ def run_on(path, *args: str) -> str:
 
 def run(*args: str) -> str:
     return run_on(extension_path(), *args)
+
+
+def archs(fatbin_listing: str) -> list[str]:
+    """The arch of each ELF a fatbin listing (cuobjdump with no option, or
+    -elf of one cubin) names, in contract.json's spelling: "sm90a", "sm100f".
+    The extracted cubins' file names drop the family suffix (sm_100f code
+    comes out as *.sm_100.cubin), the listing keeps it."""
+    found = re.findall(r"(?:arch = |-arch )sm_(\d+[a-z]?)\b", fatbin_listing)
+    return [f"sm{a}" for a in found]

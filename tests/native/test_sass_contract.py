@@ -79,7 +79,7 @@ def forbidden(v: tables.Variant) -> dict[str, str]:
     out = {}
     if "dynamic" not in v.schedules:  # static, stream-K and CLC kernels have no work queue
         out[WORK_QUEUE_FETCH] = "work-queue fetch (global atomic add) in a kernel without a queue"
-    if v.arch != "sm100a":
+    if v.arch != "sm100f":
         out[r"\bUTC\w*MMA\b"] = "tcgen05 in an sm90 kernel"
         if "dynamic" not in v.schedules:
             out[CLUSTER_BROADCAST] = "work-queue broadcast in a statically scheduled kernel"
@@ -115,18 +115,19 @@ def sass_by_variant(cubins):
     menu = {v.name: v for v in tables.load_menu()}
     found = {}
     for cubin in cubins:
-        names = sorted(set(MARKER.findall(sass.run_on(cubin, "-elf"))))
+        elf = sass.run_on(cubin, "-elf")
+        names = sorted(set(MARKER.findall(elf)))
         if not names:
             continue
         kernels = gemm_kernels(sass.run_on(cubin, "--dump-sass"))
         # rows of one GEMM kernel type share its function: the MX ragged_m and
         # ragged_k rows differ only in how the preparation lays out each group
         assert 1 <= len(kernels) <= len(names), (cubin.name, names, len(kernels))
-        # the cubin's machine code target (sm_90a, sm_100a) is the arch of every row in it
-        target = re.search(r"\.sm_(\d+[a-z]?)\.cubin$", cubin.name)
-        assert target, f"cannot read the target of {cubin.name}"
+        # the cubin's machine code target (sm_90a, sm_100f) is the arch of every row in it
+        target = sass.archs(elf)
+        assert len(target) == 1, f"cannot read the target of {cubin.name}"
         archs = {menu[n].arch for n in names}
-        assert archs == {f"sm{target.group(1)}"}, f"{cubin.name} ({target.group(1)}) holds rows of {archs}: {names}"
+        assert archs == set(target), f"{cubin.name} ({target[0]}) holds rows of {archs}: {names}"
         contracts = {(tuple(sorted(required(menu[n]))), tuple(sorted(forbidden(menu[n])))) for n in names}
         assert len(contracts) == 1, f"{cubin.name} mixes rows of different contracts: {names}"
         found.update(dict.fromkeys(names, kernels))
@@ -212,12 +213,12 @@ def quantize_sass(cubins):
     """(arch, kernel) -> the SASS of each of its instantiations."""
     found = {}
     for cubin in cubins:
-        target = re.search(r"\.sm_(\d+[a-z]?)\.cubin$", cubin.name)
+        (target,) = sass.archs(sass.run_on(cubin, "-elf"))
         parts = FUNCTION.split(sass.run_on(cubin, "--dump-sass"))
         for name, body in zip(parts[1::2], parts[2::2]):
             for kernel in QUANTIZE_KERNELS:
                 if kernel in name:
-                    found.setdefault((f"sm{target.group(1)}", kernel), []).append(body)
+                    found.setdefault((target, kernel), []).append(body)
     return found
 
 

@@ -1,4 +1,4 @@
-// sm100a dense GEMM: tcgen05 UMMA with TMEM accumulators, on CUTLASS's sm100
+// sm100f dense GEMM: tcgen05 UMMA with TMEM accumulators, on CUTLASS's sm100
 // collectives. Compiled and SASS-checked here; never run (no Blackwell).
 //
 // Contract: as the sm90 family (A [M,K]/[K,M], B [N,K]/[K,N], D [M,N]

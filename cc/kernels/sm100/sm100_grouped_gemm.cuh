@@ -1,4 +1,4 @@
-// sm100a grouped GEMM for ragged_dot: CUTLASS's pointer-array kernel with
+// sm100f grouped GEMM for ragged_dot: CUTLASS's pointer-array kernel with
 // 2-CTA tcgen05 UMMA (a 256-row MMA over a CTA pair, 2-SM TMA loads, per-group
 // TMA descriptors rewritten on the device), scheduled by Cluster Launch
 // Control over the tiles of all groups (sm100_clc_group_scheduler.cuh).
