@@ -67,12 +67,17 @@ def xla_weight_blocks(w, *, dtype, use_kernel=False):
     return values_kn, values_kn.transpose(0, 2, 1), scales
 
 
+MAX_GRID_Y_Z = 65535  # CUDA's limit on a grid's y and z: K's blocks and the groups
+
+
 def kernel_takes(w, dtype) -> bool:
-    """Whether the kernel takes w [G, K, N] into `dtype` values."""
+    """Whether the kernel takes w [G, K, N] into `dtype` values in one launch."""
     return (
         w.ndim == 3
         and w.shape[1] % SCALE_BLOCK == 0
         and w.shape[2] % SCALE_BLOCK == 0
+        and w.shape[0] <= MAX_GRID_Y_Z
+        and w.shape[1] // SCALE_BLOCK <= MAX_GRID_Y_Z
         and fp8_scaling.kernel_formats(w.dtype, dtype)
     )
 

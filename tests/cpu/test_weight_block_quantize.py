@@ -17,6 +17,7 @@ from jax_cluster.planning.device import DeviceInfo
 from jax_cluster.primitives.weight_block_quantize import (
     kernel_by_default,
     kernel_default_as,
+    kernel_takes,
     quantize_weight_blocks,
 )
 
@@ -123,6 +124,16 @@ def test_the_kernel_is_off_by_default_until_measured(monkeypatch):
             assert not kernel_by_default(hopper)
         assert kernel_by_default(hopper)
     assert not kernel_by_default(hopper)
+
+
+def test_the_kernel_takes_only_what_one_launch_covers():
+    def takes(shape, w_dtype=jnp.bfloat16, dtype=jnp.float8_e4m3fn):
+        return kernel_takes(jax.ShapeDtypeStruct(shape, w_dtype), dtype)
+
+    assert takes((256, 7168, 2048)) and takes((1, 128, 128), jnp.float32, jnp.float8_e5m2)
+    assert not takes((70000, 128, 128))  # more groups than a grid's z holds: XLA's form
+    assert not takes((1, 128 * 70000, 128))
+    assert not takes((1, 128, 128), jnp.float64) and not takes((1, 128, 128), dtype=jnp.int8)
 
 
 def test_bad_calls_are_refused():
