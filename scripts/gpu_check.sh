@@ -137,8 +137,8 @@ for part in ${STEPS:-tests bench grid}; do
            "$PY" benchmarks/bench_fp8_grouped.py --out "$LOGS" 2>&1 | tee "$LOGS/fp8_grouped.log" | tail -20 ;;
     fp8wgrad) step "block-scaled fp8 weight gradient (ragged_k): against torch and jax_cluster's bf16"
            "$PY" benchmarks/bench_fp8_wgrad.py --out "$LOGS" ${WGRAD_ARGS:-} 2>&1 | tee "$LOGS/fp8_wgrad.log" | tail -20 ;;
-    fp8weights) step "fp8 weight quantization kernel: GPU tests, sanitizer, against XLA's form, then the fp8 MoE layer both ways"
-           { "$PYTEST" -q -rs -p no:cacheprovider tests/gpu/test_gpu_weight_blocks.py
+    fp8weights) step "fp8 weight quantization kernel: its and the fp8 GPU tests, sanitizer, against XLA's form, then the fp8 MoE layer both ways"
+           { "$PYTEST" -q -rs -p no:cacheprovider tests/gpu/test_gpu_weight_blocks.py tests/gpu/test_gpu_fp8.py
              JAX_CLUSTER_SANITIZE_LOGS="$LOGS" "$PYTEST" -q -rs -p no:cacheprovider -k weight_block tests/gpu/test_gpu_sanitizer.py
              "$PY" benchmarks/bench_fp8_weights.py --out "$LOGS"
              PYTHONPATH=$PWD/tests/stubs:${PYTHONPATH:-} "$PY" benchmarks/bench_moe_mlp.py --out "$LOGS" --fp8 \
