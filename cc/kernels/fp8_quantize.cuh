@@ -57,6 +57,20 @@ __device__ inline uint8_t quantized(float x, float inverse) {
   return Out(v).__x;                                              // round to nearest even
 }
 
+// 32 staged rows of one column, from `first_row` on, quantized and written
+// contiguously to `dst` (16-byte aligned) as two 16-byte stores: the
+// transposed writes of both kernels.
+template <class Out, class In, int kRows, int kColumns>
+__device__ inline void store_column_rows(const In (&tile)[kRows][kColumns], int first_row,
+                                         int column, float inverse, uint8_t* dst) {
+  __align__(16) uint8_t bytes[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i)
+    bytes[i] = quantized<Out>(to_float(tile[first_row + i][column]), inverse);
+  reinterpret_cast<uint4*>(dst)[0] = reinterpret_cast<const uint4*>(bytes)[0];
+  reinterpret_cast<uint4*>(dst)[1] = reinterpret_cast<const uint4*>(bytes)[1];
+}
+
 // The launch of `Kernel<In, Out>` for the request's element types.
 template <template <class, class> class Launch, class Request>
 const char* launch_for_types(Fp8Input input, Fp8Output output, const Request& request,

@@ -100,14 +100,8 @@ __global__ void __launch_bounds__(kThreads)
     const float scale = fp8::scale_of<Out>(amax);
     if (quarter == 0) scales[int64_t(blockIdx.x) * columns + c0 + c] = scale;
     const float inverse = fp8::inverse_of(scale);
-    __align__(16) uint8_t bytes[kRowsPerThread];
-#pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i)
-      bytes[i] = fp8::quantized<Out>(fp8::to_float(tile[quarter * kRowsPerThread + i][c]), inverse);
-    auto* out =
-        reinterpret_cast<uint4*>(values + (c0 + c) * rows + first_row + quarter * kRowsPerThread);
-    out[0] = reinterpret_cast<const uint4*>(bytes)[0];
-    out[1] = reinterpret_cast<const uint4*>(bytes)[1];
+    fp8::store_column_rows<Out>(tile, quarter * kRowsPerThread, c, inverse,
+                                values + (c0 + c) * rows + first_row + quarter * kRowsPerThread);
     __syncthreads();  // the tile is restaged for the next columns
   }
 }

@@ -89,15 +89,9 @@ __global__ void __launch_bounds__(kThreads)
         *reinterpret_cast<uint4*>(&staged[first + i * kRowStep][staged_slice * kVec]) = loaded[i];
     }
     __syncthreads();
-    __align__(16) uint8_t bytes[kRowsPerThread];
-#pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i)
-      bytes[i] =
-          fp8::quantized<Out>(fp8::to_float(staged[quarter * kRowsPerThread + i][column]), inverse);
     const int64_t out_row = g * n + col0 + half * kStaged + column;
-    auto* out = reinterpret_cast<uint4*>(values_nk + out_row * k + row0 + quarter * kRowsPerThread);
-    out[0] = reinterpret_cast<const uint4*>(bytes)[0];
-    out[1] = reinterpret_cast<const uint4*>(bytes)[1];
+    fp8::store_column_rows<Out>(staged, quarter * kRowsPerThread, column, inverse,
+                                values_nk + out_row * k + row0 + quarter * kRowsPerThread);
     __syncthreads();  // restaged for the next columns
   }
 }
