@@ -1,5 +1,9 @@
 """Reference checks shared by the CPU and GPU tests."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +26,25 @@ def randn(shape, dtype):
 def put(mesh, x, spec):
     """x placed on `mesh` with PartitionSpec `spec`."""
     return jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
+
+
+def rerun_on_8_host_devices(path: str) -> None:
+    """Runs the test file `path` in a subprocess on 8 CPU devices (the host
+    device count is fixed when jax starts) and fails with its output if it fails."""
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=8 " + os.environ.get("XLA_FLAGS", ""),
+        JAX_PLATFORMS="cpu",
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout and "skipped" in run.stdout  # the launcher itself skips
 
 
 def compiled_text(f, *args) -> str:

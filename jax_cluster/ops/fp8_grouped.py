@@ -43,7 +43,8 @@ E4M3 = jnp.dtype(jnp.float8_e4m3fn)
 
 def scaled_grouped_product(lhs, rhs, group_sizes, rhs_layout: str, out_dtype, plan: Plan | None):
     """lhs . rhs[g] over each group's rows on the block-scaled grouped kernel,
-    [M, N]; None when no kernel plan takes it. group_sizes is int32 [G]."""
+    [M, N]; None when no kernel plan takes it. group_sizes is int32 [G], or
+    [S, G] for S row blocks (`plan`, if given, is one block's)."""
     values = lhs.qvalue
     if values.ndim != 2 or rhs.qvalue.ndim != 3:
         return None  # the dequantized path names the shapes it wants
@@ -59,7 +60,7 @@ def scaled_grouped_product(lhs, rhs, group_sizes, rhs_layout: str, out_dtype, pl
     else:
         b, scale_b = rhs.qvalue, rhs.scale.transpose(0, 2, 1)
     groups, n = b.shape[0], b.shape[1]
-    call = scaled_ragged_call(rows, n, k, groups, values.dtype, out_dtype)
+    call = scaled_ragged_call(rows // _blocks(group_sizes), n, k, groups, values.dtype, out_dtype)
     chosen = plans.choose(call, plan, None, "jax_cluster")
     if not chosen.uses_kernel:
         return None
@@ -80,14 +81,24 @@ def _mx_grouped_product(lhs, rhs, group_sizes, rhs_layout: str, out_dtype, plan:
     if b.shape[2] // scale_b.shape[2] != MX_SCALE_BLOCK:
         return None  # the weight's 32 values share a scale across N, not K
     groups, n = b.shape[0], b.shape[1]
-    call = scaled_ragged_call(rows, n, k, groups, values.dtype, out_dtype, mx=True)
+    blocks = _blocks(group_sizes)
+    call = scaled_ragged_call(rows // blocks, n, k, groups, values.dtype, out_dtype, mx=True)
     chosen = plans.choose(call, plan, None, "jax_cluster")
     if not chosen.uses_kernel:
         return None
-    sizes = clamp_group_sizes(group_sizes, rows)
-    scale_a = mx_scales.grouped_to_kernel_layout(lhs.scale.reshape(rows, k // MX_SCALE_BLOCK), sizes, k)
+    # each row block's A scales in a grouped layout of its own, block after block
+    by_block = lhs.scale.reshape(blocks, rows // blocks, k // MX_SCALE_BLOCK)
+    sizes = group_sizes.reshape(blocks, groups)
+    scale_a = jax.vmap(lambda s, g: mx_scales.grouped_to_kernel_layout(s, clamp_group_sizes(g, rows // blocks), k))(
+        by_block, sizes
+    ).reshape(-1)
     scale_b = jax.vmap(lambda s: mx_scales.to_kernel_layout(s, k))(scale_b)
     return scaled_ragged_dot(values, b, scale_a, scale_b, group_sizes, out_dtype=out_dtype, plan=chosen)
+
+
+def _blocks(group_sizes) -> int:
+    """S of [S, G] group sizes (row blocks); 1 for [G]."""
+    return group_sizes.shape[0] if group_sizes.ndim == 2 else 1
 
 
 def token_tiled(x, sizes, rows: int, dtype, use_kernel: bool | None = None):
@@ -104,18 +115,26 @@ def _dequantized_rows(values, scales, dtype):
     return (values.T.astype(jnp.float32) * jnp.repeat(scales, SCALE_BLOCK, axis=0)).astype(dtype)
 
 
+def _clamped(group_sizes, rows: int):
+    """Sizes under ragged_dot's rule, each row block's cut at its `rows`."""
+    if group_sizes.ndim == 2:
+        return jax.vmap(lambda g: clamp_group_sizes(g, rows))(group_sizes)
+    return clamp_group_sizes(group_sizes, rows)
+
+
 def grouped_weight_gradient(
     x, dy, group_sizes, grad_dtype, out_dtype, plan: Plan | None = None, quantize_kernel: bool | None = None
 ):
     """[G, K, N]: x [M, K]^T dy [M, N] over each group's rows, x quantized to
     e4m3 and dy to `grad_dtype` in token tiles (`quantize_kernel`: the
     token-tile kernel, None for the default); the block-scaled ragged_k
-    kernel where a plan (`plan`, or the planner's) takes it, else the same
-    fp8 values dequantized to bfloat16 on the bf16 grouped path. group_sizes
-    is int32 [G]."""
-    groups = group_sizes.shape[0]
-    rows = token_tiles.padded_rows(x.shape[0], groups)
-    sizes = clamp_group_sizes(group_sizes, x.shape[0])
+    kernel where a plan (`plan`, or the planner's; one row block's) takes it,
+    else the same fp8 values dequantized to bfloat16 on the bf16 grouped
+    path. group_sizes is int32 [G], or [S, G] for S row blocks (summed)."""
+    groups, blocks = group_sizes.shape[-1], _blocks(group_sizes)
+    block_rows = x.shape[0] // blocks
+    rows = token_tiles.padded_rows(block_rows, groups)  # one block's layout
+    sizes = _clamped(group_sizes, block_rows)
     # the raw sizes: the quantization cuts them itself (XLA merges that cut with the one above)
     (xq, x_scales), (dyq, dy_scales) = (
         token_tiled(v, group_sizes, rows, d, quantize_kernel) for v, d in ((x, E4M3), (dy, grad_dtype))
@@ -127,26 +146,35 @@ def grouped_weight_gradient(
         if plan.uses_kernel:
             return scaled_ragged_k_dot(xq, dyq, x_scales, dy_scales, sizes, out_dtype=out_dtype, plan=plan)
     # each group over its whole span (the rows between groups are zeros)
-    spans = token_tiles.group_spans(sizes, rows)
+    spans = jax.vmap(lambda g: token_tiles.group_spans(g, rows))(sizes.reshape(blocks, groups))
     xv, dyv = _dequantized_rows(xq, x_scales, jnp.bfloat16), _dequantized_rows(dyq, dy_scales, jnp.bfloat16)
-    return ragged(xv, dyv, spans, problem="ragged_k", out_dtype=out_dtype)
+    return ragged(xv, dyv, spans if blocks > 1 else spans[0], problem="ragged_k", out_dtype=out_dtype)
 
 
 def mx_weight_gradient(x, dy, group_sizes, out_dtype, plan: Plan | None = None):
     """[G, K, N]: x [M, K]^T dy [M, N] over each group's rows in MXFP8 on the
     sm100f MX ragged_k kernel, or None where no plan (`plan`, or the
-    planner's) takes it. Both operands go to the block-aligned row layout
-    (each group on its own 128-row tiles, zeros between), transposed so the
-    rows are contiguous, and are scaled in blocks of 32 rows: a block never
-    holds two groups. group_sizes is int32 [G]."""
-    groups = group_sizes.shape[0]
-    rows = token_tiles.padded_rows(x.shape[0], groups)
+    planner's; one row block's) takes it. Both operands go to the
+    block-aligned row layout (each group on its own 128-row tiles, zeros
+    between), transposed so the rows are contiguous, and are scaled in
+    blocks of 32 rows: a block never holds two groups. group_sizes is int32
+    [G], or [S, G] for S row blocks, each on a layout of its own (summed)."""
+    groups, blocks = group_sizes.shape[-1], _blocks(group_sizes)
+    block_rows = x.shape[0] // blocks
+    rows = token_tiles.padded_rows(block_rows, groups)
     k, n = x.shape[1], dy.shape[1]
     call = scaled_ragged_k_call(k, n, rows, groups, E4M3, out_dtype, mx=True)
     chosen = plans.choose(call, plan, None, "jax_cluster")
     if not chosen.uses_kernel:
         return None
-    sizes = clamp_group_sizes(group_sizes, x.shape[0])
-    xq, dyq = (quantize(token_tiles.laid_out(v, sizes, rows).T, block=MX_ROW_BLOCK) for v in (x, dy))
-    scale_a, scale_b = (mx_scales.to_kernel_layout(q.scale, rows) for q in (xq, dyq))
-    return scaled_ragged_k_dot(xq.qvalue, dyq.qvalue, scale_a, scale_b, sizes, out_dtype=out_dtype, plan=chosen)
+    sizes = _clamped(group_sizes, block_rows)
+    by_block = sizes.reshape(blocks, groups)
+
+    def operand(v):  # [C, blocks * rows] values and each block's scale layout, one after another
+        laid = jax.vmap(lambda xs, g: token_tiles.laid_out(xs, g, rows))(v.reshape(blocks, block_rows, -1), by_block)
+        q = quantize(laid.reshape(blocks * rows, -1).T, block=MX_ROW_BLOCK)
+        per_block = q.scale.reshape(q.scale.shape[0], blocks, -1).transpose(1, 0, 2)
+        return q.qvalue, jax.vmap(lambda sc: mx_scales.to_kernel_layout(sc, rows))(per_block).reshape(-1)
+
+    (xq, scale_a), (dyq, scale_b) = operand(x), operand(dy)
+    return scaled_ragged_k_dot(xq, dyq, scale_a, scale_b, sizes, out_dtype=out_dtype, plan=chosen)

@@ -68,8 +68,9 @@ def ragged_dot(
 
     Block-scaled fp8 operands (`jax_cluster.quantize`: lhs [M, K] in (1, 128)
     blocks, rhs [G, K, N] or [G, N, K] in (128, 128) blocks of each group's
-    matrix) give a bfloat16 result by default. They run the block-scaled
-    grouped kernel under a plan that takes it (plan_ragged(M, N, K, G,
+    matrix) give a bfloat16 result by default, [S, G] sizes and sharding
+    included. They run the block-scaled grouped kernel under a plan that
+    takes it (plan_ragged(M / S, N, K, G,
     problem="ragged_m", dtype=jnp.float8_e4m3fn, out_dtype=..., a_major="k",
     b_major="k"), group_offset included; otherwise they are dequantized to
     bfloat16 and run the bf16 grouped path.
@@ -88,12 +89,13 @@ def ragged_dot(
         out = preferred_element_type if preferred_element_type is not None else jnp.bfloat16
         group_sizes = jnp.asarray(group_sizes)
         integral = jnp.issubdtype(group_sizes.dtype, jnp.integer)
-        if integral and group_sizes.ndim == 1 and rhs_layout in _B_MAJOR:
-            rows = quantized[0].qvalue.shape[0]
+        blocks = group_sizes.shape[0] if group_sizes.ndim == 2 else 1
+        rows = quantized[0].qvalue.shape[0] // max(blocks, 1)
+        if integral and group_sizes.ndim in (1, 2) and rhs_layout in _B_MAJOR and rows * blocks > 0:
             sizes, first_row = _group_spans(group_sizes, group_offset, quantized[1].qvalue.shape[0], rows)
             direct = scaled_grouped_product(*quantized, sizes, rhs_layout, out, plan)
             if direct is not None:
-                return _finish(_zero_rows_before(direct, first_row, 1, rows), activation, out_sharding)
+                return _finish(_zero_rows_before(direct, first_row, blocks, rows), activation, out_sharding)
         return ragged_dot(
             *(dequantize(q, jnp.bfloat16) for q in quantized),
             group_sizes,

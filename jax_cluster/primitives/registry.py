@@ -14,10 +14,19 @@ import jax
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
+from jax.sharding import NamedSharding, PartitionSpec
 
 
 def partitioned_primitive(
-    name: str, *, static: tuple[str, ...], abstract_eval, whole, partition, sharding_rule, batch_rule=None
+    name: str,
+    *,
+    static: tuple[str, ...],
+    abstract_eval,
+    whole,
+    partition,
+    sharding_rule,
+    batch_rule=None,
+    multiple_results=False,
 ) -> Primitive:
     """The outer primitive of an op.
 
@@ -25,8 +34,11 @@ def partitioned_primitive(
     `partition(*static, mesh, arg_shapes, result_shape)` and
     `sharding_rule(*static, mesh, operand_types, result_types)` take them.
     `batch_rule="loop"` maps the primitive over a vmapped axis with lax.map.
+    With `multiple_results`, `whole` and the partitioned function return a
+    tuple, and `partition` gives one sharding per result.
     """
     primitive = Primitive(name)
+    primitive.multiple_results = multiple_results
     primitive.def_impl(
         functools.partial(jax.jit, static_argnames=static)(lambda *args, **params: primitive.bind(*args, **params))
     )
@@ -37,14 +49,44 @@ def partitioned_primitive(
         nonlocal sharded
         if sharded is None:  # the static arguments follow the operands
             sharded = custom_partitioning(whole, static_argnums=tuple(range(len(args), len(args) + len(static))))
-            sharded.def_partition(partition=partition, sharding_rule=sharding_rule)
+            sharded.def_partition(
+                partition=functools.partial(_with_mesh_shardings, partition, len(static)),
+                sharding_rule=sharding_rule,
+                decode_shardings=False,
+            )
         values = tuple(params[p] for p in static)
-        return mlir.lower_fun(lambda *xs: sharded(*xs, *values), multiple_results=False)(ctx, *args)
+        return mlir.lower_fun(lambda *xs: sharded(*xs, *values), multiple_results=multiple_results)(ctx, *args)
 
     mlir.register_lowering(primitive, lowering)
     _needs_devices_at_lowering(primitive)
     _set_batch_rule(primitive, batch_rule)
     return primitive
+
+
+def _with_mesh_shardings(partition, n_static, *args):
+    """`partition` with its operands' and results' shardings as mesh axes.
+    JAX's own decoding fails on a sharding that splits a mesh axis into
+    sub-axes (the propagation makes them, e.g. through a reshape of a
+    dimension split finer than its inner size); such an operand is taken as
+    replicated here, and the rule asks for the sharding it wants."""
+    *static, mesh, arg_shapes, result_shape = args
+    assert len(static) == n_static
+    decoded = [_on_mesh(mesh, a) for a in arg_shapes]
+    results = jax.tree.map(lambda r: _on_mesh(mesh, r), result_shape)
+    return partition(*static, mesh, decoded, results)
+
+
+def _on_mesh(mesh, arg):
+    from jax._src import sharding_impls  # the decoding custom_partitioning itself uses
+
+    spec = PartitionSpec()
+    if arg.sharding is not None:
+        try:
+            spec = sharding_impls.parse_flatten_op_sharding(arg.sharding._to_xla_hlo_sharding(len(arg.shape)), mesh)[0]
+        except (KeyError, ValueError, AssertionError, StopIteration):
+            spec = PartitionSpec()  # sub-axes: replicated
+    spec = PartitionSpec(*spec, *((None,) * (len(arg.shape) - len(spec))))
+    return jax.ShapeDtypeStruct(arg.shape, arg.dtype, sharding=NamedSharding(mesh, spec))
 
 
 def _set_batch_rule(primitive: Primitive, batch_rule) -> None:

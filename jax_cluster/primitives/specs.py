@@ -44,3 +44,16 @@ def choose_axes(mesh, candidates, sizes) -> dict[str, tuple[str, ...]]:
         chosen[factor] = axes if ok else ()
         used |= set(chosen[factor])
     return chosen
+
+
+def tied(name: str, size: int, tile: int):
+    """(values' factor, scale factor, factor sizes, factors needing
+    replication) of a sharding rule for a dimension of `size` values with
+    one scale per `tile`: the compound "(nameb namet)" and "nameb", so the
+    propagation splits values and scales alike, where whole tiles make up
+    the dimension; else the plain factor `name` and a scale factor "nameb"
+    kept replicated at the op (scales are small)."""
+    block = f"{name}b"
+    if size % tile == 0:
+        return f"({block} {name}t)", block, {f"{name}t": tile}, ()
+    return name, block, {}, (block,)

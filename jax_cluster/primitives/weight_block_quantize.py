@@ -11,6 +11,9 @@ On CUDA with `use_kernel` it is one kernel (kernels/weight_block_quantize.cu:
 one read of w, two bytes written per value); elsewhere, and where the
 kernel does not take the call (another input dtype), XLA computes the same
 numbers as an amax reduction and a scaling pass per layout.
+
+Over a mesh the groups split, and K and N along whole 128 x 128 blocks:
+each shard quantizes its own blocks, with no collective.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import batching, mlir
+from jax.sharding import NamedSharding
 
 from jax_cluster import _ffi
 from jax_cluster.planning.tables import FFI_TARGETS, SCALE_BLOCK
 from jax_cluster.primitives import fp8_scaling
-from jax_cluster.primitives.registry import local_primitive
+from jax_cluster.primitives.registry import local_primitive, partitioned_primitive
+from jax_cluster.primitives.specs import choose_axes, dim_axes, spec_of, tied
 
 # Whether calls take the kernel unless told, where the device runs its
 # machine code (kernel_by_default). Off until it has been checked bitwise
@@ -97,6 +102,44 @@ def _cuda_lowering(ctx, w, *, dtype, use_kernel):
     return jax.ffi.ffi_lowering(FFI_TARGETS["quantize_weight_blocks"])(ctx, w)
 
 
+quantize_weight_blocks_local_p = local_primitive(
+    "jax_cluster_quantize_weight_blocks_local",
+    abstract_eval=_abstract_eval,
+    xla_impl=xla_weight_blocks,
+    cuda_lowering=_cuda_lowering,
+    multiple_results=True,
+)
+
+
+def _whole(w, dtype, use_kernel):
+    return tuple(quantize_weight_blocks_local_p.bind(w, dtype=dtype, use_kernel=use_kernel))
+
+
+def _sharding_rule(dtype, use_kernel, mesh, operand_types, result_types):
+    _, k, n = operand_types[0].shape
+    rows_k, kb, sizes_k, keep_k = tied("k", k, SCALE_BLOCK)
+    cols_n, nb, sizes_n, keep_n = tied("n", n, SCALE_BLOCK)
+    rule = f"g {rows_k} {cols_n} -> g {rows_k} {cols_n}, g {cols_n} {rows_k}, g {kb} {nb}"
+    return rule, {"need_replication_factors": keep_k + keep_n, **sizes_k, **sizes_n}
+
+
+def _partition(dtype, use_kernel, mesh, arg_shapes, result_shape):
+    (w,) = arg_shapes
+    groups, k, n = w.shape
+    on_g, on_k, on_n = dim_axes(w)
+    extents = {"g": groups, "k": k // SCALE_BLOCK, "n": n // SCALE_BLOCK}
+    chosen = choose_axes(mesh, [("g", on_g), ("k", on_k), ("n", on_n)], extents)
+
+    def per_shard(w):
+        return _whole(w, dtype, use_kernel)
+
+    def sharding(*names):
+        return NamedSharding(mesh, spec_of(names, chosen))
+
+    outs = (sharding("g", "k", "n"), sharding("g", "n", "k"), sharding("g", "k", "n"))
+    return mesh, per_shard, outs, (sharding("g", "k", "n"),)
+
+
 def _batch_rule(args, dims, **params):
     """A vmapped stack is more groups: [B, G, K, N] binds as [B*G, K, N]."""
     (w,), (dim,) = args, dims
@@ -106,13 +149,15 @@ def _batch_rule(args, dims, **params):
     return [o.reshape(size, groups, *o.shape[1:]) for o in outs], [0, 0, 0]
 
 
-quantize_weight_blocks_p = local_primitive(
+quantize_weight_blocks_p = partitioned_primitive(
     "jax_cluster_quantize_weight_blocks",
+    static=("dtype", "use_kernel"),
     abstract_eval=_abstract_eval,
-    xla_impl=xla_weight_blocks,
-    cuda_lowering=_cuda_lowering,
-    multiple_results=True,
+    whole=_whole,
+    partition=_partition,
+    sharding_rule=_sharding_rule,
     batch_rule=_batch_rule,
+    multiple_results=True,
 )
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import jax_cluster
+from jax_cluster import _ffi
 from jax_cluster.ops.fp8_training import fp8_grouped, fp8_linear
 
 qwix = pytest.importorskip("qwix")
@@ -206,5 +207,46 @@ def test_fp8_layers_take_the_recipe_and_refuse_what_it_cannot_run():
     for recipe in ("blockwise", "mxfp8"):
         moe = jcnn.MoEMLP(128, 256, 4, 2, fp8=recipe, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
         assert _relative(moe(tokens), ref(tokens)) < 8e-2
+        # token blocks (the data-parallel form) train too
+        blocked = jcnn.MoEMLP(128, 256, 4, 2, fp8=recipe, token_blocks=2, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+        grads = nnx.grad(lambda m: (m(tokens).astype(jnp.float32) ** 2).sum())(blocked)
+        assert _relative(blocked(tokens), ref(tokens)) < 8e-2 and grads["down"]["kernel"][...].shape == (4, 256, 128)
     mx = jcnn.Linear(256, 384, fp8="mxfp8", activation="gelu", dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
     assert _relative(mx(x), plain(x)) < 6e-2
+
+
+@pytest.mark.parametrize("planned_for", ["cpu", "h200"])
+@pytest.mark.parametrize("recipe", ["blockwise", "mxfp8"])
+def test_the_grouped_recipe_takes_token_blocks(recipe, planned_for, monkeypatch):
+    """[S, G] sizes (MoEMLP's token_blocks, the data-parallel form): each
+    block as its own call, forward and both gradients, on the dequantized
+    path (a CPU's plans) and on the block-scaled ops (an H200's plans, run
+    here by their float32 fallback)."""
+    if planned_for == "h200":
+        from jax_cluster.planning.device import DeviceInfo
+        from jax_cluster.primitives import plans
+
+        device = DeviceInfo("cuda", "described H200", (9, 0), 132, 232448, 50 << 20)
+        real = plans.fresh
+        monkeypatch.setattr(plans, "fresh", lambda call, _: real(call, device))
+    blocks, rows = 2, 256
+    x = _normal(30, (blocks * rows, 256)).astype(jnp.bfloat16)
+    w = (_normal(31, (4, 256, 384)) * 0.05).astype(jnp.bfloat16)
+    sizes = jnp.array([[64, 100, 0, 60], [10, 28, 120, 98]], jnp.int32)
+    layer = jax.jit(lambda x, w, s: fp8_grouped(x, w, s, recipe))
+    grads = jax.jit(lambda x, w, s: _grads(lambda x, w: fp8_grouped(x, w, s, recipe), x, w))
+    if planned_for == "h200" and recipe == "blockwise" and _ffi.compiled_variant_names():
+        assert "jax_cluster_scaled_ragged_dot" in str(jax.make_jaxpr(grads)(x, w, sizes))
+    out, (dx, dw) = layer(x, w, sizes), grads(x, w, sizes)
+    parts = [
+        (layer(x[b * rows : (b + 1) * rows], w, sizes[b]), grads(x[b * rows : (b + 1) * rows], w, sizes[b]))
+        for b in range(blocks)
+    ]
+    np.testing.assert_array_equal(
+        np.asarray(out, np.float32), np.concatenate([np.asarray(p[0], np.float32) for p in parts])
+    )
+    np.testing.assert_array_equal(
+        np.asarray(dx, np.float32), np.concatenate([np.asarray(p[1][0], np.float32) for p in parts])
+    )
+    # the blocks' weight gradients are summed in float32, then rounded once
+    assert _relative(dw, sum(np.asarray(p[1][1], np.float32) for p in parts)) < 5e-3

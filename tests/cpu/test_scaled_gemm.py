@@ -132,3 +132,14 @@ def test_a_pinned_kernel_plan_lays_out_the_operands_and_scales_the_kernel_way(we
     if weight_layout == "kn":  # matmul takes the same plan
         via_matmul = jax.jit(lambda a, b: jax_cluster.matmul(a, b, plan=plan))(qx, qw)
         np.testing.assert_array_equal(np.asarray(via_matmul), np.asarray(out))
+
+
+def test_vmap_runs_one_product_per_element():
+    a, b, scale_a, scale_b = scaled_operands(jax.random.key(7), 64, 128, 256, E4M3)
+    flipped = (a[::-1], scale_a[:, ::-1])
+    run = jax.vmap(lambda a, sa: scaled_gemm(a, b, sa, scale_b, out_dtype=jnp.float32))
+    out = run(jnp.stack([a, flipped[0]]), jnp.stack([scale_a, flipped[1]]))
+    np.testing.assert_array_equal(
+        np.asarray(out[0]), np.asarray(scaled_gemm(a, b, scale_a, scale_b, out_dtype=jnp.float32))
+    )
+    np.testing.assert_array_equal(np.asarray(out[1]), np.asarray(out[0])[::-1])

@@ -159,7 +159,7 @@ def test_ragged_dot_of_qarrays_under_a_pinned_plan_binds_the_scaled_op(rhs_layou
     def run(qx, qw, group_sizes):
         return jax_cluster.ragged_dot(qx, qw, group_sizes, rhs_layout=rhs_layout, plan=plan)
 
-    assert "jax_cluster_scaled_ragged_dot_local" in str(jax.make_jaxpr(run)(qx, qw, group_sizes))
+    assert "jax_cluster_scaled_ragged_dot" in str(jax.make_jaxpr(run)(qx, qw, group_sizes))
     out = jax.jit(run)(qx, qw, group_sizes)  # the CPU runs the op's float32 fallback
     dx, dw = jax_cluster.dequantize(qx), jax_cluster.dequantize(qw)
     dw = dw if rhs_layout == "gkn" else dw.transpose(0, 2, 1)
@@ -171,7 +171,7 @@ def test_ragged_dot_of_qarrays_under_a_pinned_plan_binds_the_scaled_op(rhs_layou
     assert out.dtype == jnp.bfloat16
     assert np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref) < 5e-3
     unpinned = jax.make_jaxpr(lambda *xs: jax_cluster.ragged_dot(*xs, rhs_layout=rhs_layout))(qx, qw, group_sizes)
-    assert "jax_cluster_scaled_ragged_dot_local" not in str(unpinned)  # a CPU host: dequantized bf16
+    assert "jax_cluster_scaled_ragged_dot" not in str(unpinned)  # a CPU host: dequantized bf16
 
 
 @pytest.mark.skipif(_grouped_scaled_row() is None, reason="the extension has no compiled block-scaled grouped row")
@@ -190,7 +190,7 @@ def test_ragged_dot_of_qarrays_with_group_offset_binds_the_scaled_op(offset):
     def run(qx, qw, group_sizes):
         return jax_cluster.ragged_dot(qx, qw, group_sizes, group_offset=offset, plan=plan)
 
-    assert "jax_cluster_scaled_ragged_dot_local" in str(jax.make_jaxpr(run)(qx, qw, group_sizes))
+    assert "jax_cluster_scaled_ragged_dot" in str(jax.make_jaxpr(run)(qx, qw, group_sizes))
     out = np.asarray(jax.jit(run)(qx, qw, group_sizes), np.float64)
     dx, dw = np.asarray(jax_cluster.dequantize(qx), np.float64), np.asarray(jax_cluster.dequantize(qw), np.float64)
     ref, start = np.zeros((rows, n)), 0
@@ -209,3 +209,30 @@ def test_ragged_dot_of_qarrays_of_the_wrong_rank_names_the_shapes():
     qw = jax_cluster.quantize(jnp.ones((2, 256, 128), jnp.float32), block=(128, 128))
     with pytest.raises(ValueError, match=r"lhs must be \[M,K\]"):
         jax_cluster.ragged_dot(qx, qw, jnp.asarray([64, 64], jnp.int32))
+
+
+def test_row_blocks_are_each_their_own_call():
+    """[S, G] sizes: ragged_m writes each block's rows as its own call would."""
+    blocks, rows, n, k, groups = 3, 128, 256, 256, 4
+    a, b, scale_a, scale_b = _operands(jax.random.key(21), blocks * rows, n, k, groups)
+    sizes = jnp.asarray([[40, 0, 60, 28], [128, 0, 0, 0], [-5, 90, 30, 50]], jnp.int32)
+    run = jax.jit(lambda *xs: scaled_ragged_dot(*xs, out_dtype=jnp.float32))
+    out = np.asarray(run(a, b, scale_a, scale_b, sizes))
+    for s in range(blocks):
+        part = slice(s * rows, (s + 1) * rows)
+        np.testing.assert_array_equal(out[part], np.asarray(run(a[part], b, scale_a[part], scale_b, sizes[s])))
+    with pytest.raises(ValueError, match="splits the 384 rows into 5 blocks"):
+        scaled_ragged_dot(a, b, scale_a, scale_b, jnp.zeros((5, groups), jnp.int32))
+    with pytest.raises(ValueError, match=r"int32 \[4\] or \[S, 4\]"):
+        scaled_ragged_dot(a, b, scale_a, scale_b, jnp.zeros((3, 5), jnp.int32))
+
+
+def test_vmap_runs_the_block_scaled_ops_per_element():
+    a, b, scale_a, scale_b = _operands(jax.random.key(22), 128, 128, 256, 2)
+    sizes = jnp.asarray([[50, 78], [128, 0]], jnp.int32)
+    stack = lambda x: jnp.stack([x, x[::-1]])  # noqa: E731
+    run = jax.vmap(lambda a, s: scaled_ragged_dot(a, b, s, scale_b, sizes[0], out_dtype=jnp.float32))
+    out = run(stack(a), stack(scale_a))
+    for i in range(2):
+        want = scaled_ragged_dot(stack(a)[i], b, stack(scale_a)[i], scale_b, sizes[0], out_dtype=jnp.float32)
+        np.testing.assert_array_equal(np.asarray(out[i]), np.asarray(want))

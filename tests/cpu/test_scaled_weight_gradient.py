@@ -100,7 +100,9 @@ def test_bad_operands_are_refused_at_trace_time():
     a, b, sa, sb = _operands(jax.random.key(0), 256, 64, 96)
     gs = jnp.asarray([100, 100], jnp.int32)
     cases = [
-        ((a[:, :200], b[:, :200], sa, sb, gs), ValueError, "multiple of the scale block"),
+        ((a[:, :200], b[:, :200], sa, sb, gs), ValueError, "rows must be a multiple of 128"),
+        ((a, b, sa, sb, jnp.stack([gs] * 3)), ValueError, r"splits the 256 block-aligned rows into 3 blocks"),
+        ((a, b, sa, sb, jnp.stack([gs] * 4)), ValueError, "each block.s rows must be a multiple of 128, got 64"),
         ((a, b[:, :128], sa, sb, gs), ValueError, "different row counts"),
         ((a.astype(jnp.bfloat16), b, sa, sb, gs), TypeError, "must hold fp8 values"),
         ((a, b.astype(jnp.float8_e5m2), sa, sb, gs), TypeError, r"b must hold fp8 values \(float8_e4m3fn\)"),
@@ -159,3 +161,23 @@ def test_the_recipes_weight_gradient_is_each_groups_product_of_the_quantized_row
     assert dw.shape == (4, 256, 128)
     assert not np.asarray(dw)[1].any()
     assert np.linalg.norm(np.asarray(dw) - ref) / np.linalg.norm(ref) < 5e-2  # e4m3 on both operands
+
+
+def test_row_blocks_sum_their_products():
+    """[S, G] sizes: ragged_k sums each block's product, each block on its own layout."""
+    blocks = 2
+    a, b, sa, sb = _operands(jax.random.key(3), blocks * 256, 64, 96)
+    sizes = jnp.asarray([[100, 100], [0, 200]], jnp.int32)
+    run = jax.jit(lambda *xs: scaled_ragged_k_dot(*xs, out_dtype=jnp.float32))
+    out = np.asarray(run(a, b, sa, sb, sizes))
+    parts = [
+        run(
+            a[:, s * 256 : (s + 1) * 256],
+            b[:, s * 256 : (s + 1) * 256],
+            sa[2 * s : 2 * s + 2],
+            sb[2 * s : 2 * s + 2],
+            sizes[s],
+        )
+        for s in range(blocks)
+    ]
+    np.testing.assert_allclose(out, sum(np.asarray(p) for p in parts), rtol=1e-6, atol=1e-6 * np.abs(out).max())

@@ -6,15 +6,11 @@ run the single test `test_runs_with_8_host_devices` reruns this file in a
 subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8.
 """
 
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import compiled_text, put
+from helpers import compiled_text, put, rerun_on_8_host_devices
 from jax import lax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -28,20 +24,7 @@ needs_8 = pytest.mark.skipif(not EIGHT, reason="runs in the 8-device subprocess"
 
 @pytest.mark.skipif(EIGHT, reason="already on 8 devices")
 def test_runs_with_8_host_devices():
-    env = dict(
-        os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=8 " + os.environ.get("XLA_FLAGS", ""),
-        JAX_PLATFORMS="cpu",
-    )
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
-    assert " passed" in run.stdout and "skipped" in run.stdout  # the launcher itself skips
+    rerun_on_8_host_devices(__file__)
 
 
 def test_one_device_lowers_without_the_partitioner():

@@ -245,3 +245,24 @@ def test_the_recipes_grouped_weight_gradient_runs_the_kernel(monkeypatch):
     ref = np.stack([x64[e - s : e].T @ dy64[e - s : e] for s, e in zip(np.asarray(sizes), ends)])
     assert not out[1].any()
     assert _rel(out, ref) < 5e-2  # e4m3 on both operands: the recipe's own error
+
+
+def test_the_grouped_recipe_takes_token_blocks_on_the_kernels():
+    """[S, G] sizes (MoEMLP's token_blocks): the recipe's three products run
+    the block-scaled kernels, each row block as its own call would."""
+    from jax_cluster.ops.fp8_training import fp8_grouped
+
+    blocks, rows, groups = 2, 1024, 8
+    kx, kw = jax.random.split(fresh_key())
+    x = jax.random.normal(kx, (blocks * rows, 1024), jnp.bfloat16)
+    w = (jax.random.normal(kw, (groups, 1024, 1536), jnp.float32) * 0.05).astype(jnp.bfloat16)
+    cuts = np.sort(np.random.default_rng(0).integers(0, rows + 1, (blocks, groups)), axis=1)
+    sizes = jnp.asarray(np.diff(cuts, axis=1, prepend=0), jnp.int32)
+    grads = jax.jit(jax.grad(lambda x, w, s: jnp.sum(fp8_grouped(x, w, s).astype(jnp.float32) ** 2), (0, 1)))
+    text = grads.lower(x, w, sizes).as_text()
+    if tables.FFI_TARGETS["scaled_ragged_dot"] not in text:
+        pytest.skip("no block-scaled grouped kernel here")
+    dx, dw = grads(x, w, sizes)
+    parts = [grads(x[b * rows : (b + 1) * rows], w, sizes[b]) for b in range(blocks)]
+    assert np.array_equal(np.asarray(dx, np.float32), np.concatenate([np.asarray(p[0], np.float32) for p in parts]))
+    assert _rel(dw, sum(np.asarray(p[1], np.float32) for p in parts)) < 5e-3  # summed in float32, rounded once
