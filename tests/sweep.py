@@ -2,6 +2,10 @@
 elementwise and normwise. The CPU suite runs a few dozen cases on the XLA
 paths; tests/gpu runs several hundred on the kernels.
 
+Block-scaled fp8 cases (QArrays from `jax_cluster.quantize`, dense and
+grouped, [G] and [S, G] sizes) are held to the float64 product of their
+dequantized values.
+
 A case is drawn from its index alone (`case(i)`), so a failure names a case
 that reruns by itself: `pytest -k "sweep and 137"`.
 """
@@ -143,7 +147,46 @@ def _linear_case(rng, i):
     return Case(i, "linear", detail, run)
 
 
-_OPS = (_matmul_case, _dot_case, _dot_case, _ragged_case, _ragged_case, _linear_case)
+def _fp8_case(rng, i):
+    """matmul or ragged_dot of fp8 QArrays: activations in 1 x 128 tiles,
+    weights in 128 x 128 blocks (each group's), e4m3."""
+    grouped = bool(rng.integers(2))
+    rows, k, n = (
+        int(rng.choice((4, 64, 250, 256, 1024))),
+        128 * int(rng.choice((1, 2, 4, 8))),
+        128 * int(rng.choice((1, 2, 3, 8))),
+    )
+    x = jax_cluster.quantize(_draw(rng, (rows, k), jnp.float32))
+    if not grouped:
+        w = jax_cluster.quantize(_draw(rng, (k, n), jnp.float32), block=(128, 128))
+
+        def run():
+            got = jax.jit(jax_cluster.matmul)(x, w)
+            return got, _f64(jax_cluster.dequantize(x)) @ _f64(jax_cluster.dequantize(w)), jnp.bfloat16
+
+        return Case(i, "fp8 matmul", f"M={rows} N={n} K={k}", run)
+    grouping = str(rng.choice(GROUPINGS))
+    layout = str(rng.choice(("gkn", "gnk")))
+    groups, blocks = int(rng.choice((1, 4, 8))), int(rng.choice((1, 1, 2))) if rows % 2 == 0 else 1
+    sizes = jnp.stack([_group_sizes(rng, grouping, groups, rows // blocks) for _ in range(blocks)])
+    w = jax_cluster.quantize(
+        _draw(rng, (groups, k, n) if layout == "gkn" else (groups, n, k), jnp.float32), block=(128, 128)
+    )
+
+    def run():
+        given = sizes if blocks > 1 else sizes[0]
+        got = jax.jit(lambda x, w, s: jax_cluster.ragged_dot(x, w, s, rhs_layout=layout))(x, w, given)
+        lhs, rhs, per = jax_cluster.dequantize(x), jax_cluster.dequantize(w), rows // blocks
+        ref = np.concatenate(
+            [ragged_reference(lhs[b * per : (b + 1) * per], rhs, sizes[b], layout) for b in range(blocks)]
+        )
+        return got, ref, jnp.bfloat16
+
+    detail = f"{layout} {grouping} S={blocks} G={groups} M={rows} N={n} K={k} sizes={np.asarray(sizes).tolist()}"
+    return Case(i, "fp8 ragged_dot", detail, run)
+
+
+_OPS = (_matmul_case, _dot_case, _dot_case, _ragged_case, _ragged_case, _linear_case, _fp8_case)
 
 
 def case(i: int) -> Case:

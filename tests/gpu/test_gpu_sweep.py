@@ -1,6 +1,7 @@
 """The seeded sweep (tests/sweep.py) on the kernels: several hundred cases of
-matmul, every dot_general form, ragged_dot groupings and linear activations,
-each checked elementwise and normwise against a float64 reference; and
+matmul, every dot_general form, ragged_dot groupings, linear activations and
+block-scaled fp8 matmul and ragged_dot (row blocks included), each checked
+elementwise and normwise against a float64 reference; and
 problems with more than 2^31 elements in an operand or in the output, checked
 on sampled rows."""
 
