@@ -6,6 +6,8 @@ them checks a plan against its call the same way (`planning.call.fits`).
 
 from __future__ import annotations
 
+import numpy as np
+
 from jax_cluster.planning import autotune_cache
 from jax_cluster.planning.call import Call, fits
 from jax_cluster.planning.dense import plan_gemm
@@ -55,3 +57,18 @@ def for_shard(plan: Plan, call: Call) -> Plan:
     """The plan of one shard: the given one when the local call is the one it
     was made for, else a fresh plan of the local call on the same device."""
     return plan if not fits(plan, call) else fresh(call, plan.device)
+
+
+def for_partials(plan: Plan, call_for, out_dtype) -> tuple[Plan, np.dtype]:
+    """The plan and output dtype of partial products that the caller sums
+    (row blocks, or the shards of a split contraction). `call_for(dtype)` is
+    the Call of one partial written in `dtype`. float32 where a kernel writes
+    it; else `out_dtype` where a kernel writes that (the grouped kernels
+    write their input dtype only), the caller adding those in float32; else
+    float32 on XLA's path."""
+    f32 = np.dtype(np.float32)
+    wide = for_shard(plan, call_for(f32))
+    if wide.uses_kernel or np.dtype(out_dtype) == f32:
+        return wide, f32
+    own = for_shard(plan, call_for(np.dtype(out_dtype)))
+    return (own, np.dtype(out_dtype)) if own.uses_kernel else (wide, f32)

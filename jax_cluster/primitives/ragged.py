@@ -12,10 +12,13 @@ Group sizes [S,G] make the rows S equal blocks, each its own problem with
 sizes[s] (ragged_k sums the blocks). Sharding S (and the rows with it) gives
 each device whole blocks with their own sizes: data parallelism. Over a mesh:
   ragged_m: rows split -> local grouped GEMMs, output rows split alike; N split
-    on rhs -> output columns split; K split on both -> fp32 partials, a psum.
-  ragged_k: K' and N' split -> output split alike; rows split -> fp32
-    partials, then a psum.
-Each shard is planned for its own local problem (one row block).
+    on rhs -> output columns split; K split on both -> partials, a psum.
+  ragged_k: K' and N' split -> output split alike; rows split -> partials,
+    then a psum.
+Partials are added in fp32: written in fp32 where a kernel does, else in the
+output dtype (the grouped kernels write their input dtype only), so the sum
+never leaves the kernels for XLA's path (plans.for_partials). Each shard is
+planned for its own local problem (one row block).
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ def _shard_plan(plan, a, b, group_sizes, problem, b_major, out_dtype) -> Plan:
 
 
 def _blockwise(a, b, group_sizes, problem, b_major, out_dtype, plan):
-    """One grouped call per row block; ragged_k sums the blocks' fp32 partials."""
+    """One grouped call per row block; ragged_k adds the blocks' partials in fp32."""
     out_dtype = np.dtype(out_dtype)
     if group_sizes.ndim == 1:
         return ragged_local_p.bind(a, b, group_sizes, problem=problem, b_major=b_major, out_dtype=out_dtype, plan=plan)
@@ -121,8 +124,12 @@ def _blockwise(a, b, group_sizes, problem, b_major, out_dtype, plan):
             for s in range(blocks)
         ]
         return lax.concatenate(outs, 0) if blocks > 1 else outs[0]
-    partial_dtype = np.dtype(np.float32) if blocks > 1 else out_dtype
-    p = _shard_plan(plan, a, b, group_sizes, problem, b_major, partial_dtype)
+    if blocks == 1:
+        p, partial_dtype = plan, out_dtype
+    else:
+        p, partial_dtype = plans.for_partials(
+            plan, lambda d: ragged_call(a.shape, b.shape, group_sizes.shape, problem, b_major, a.dtype, d), out_dtype
+        )
     total = None
     for s in range(blocks):
         part = ragged_local_p.bind(
@@ -133,7 +140,7 @@ def _blockwise(a, b, group_sizes, problem, b_major, out_dtype, plan):
             b_major=b_major,
             out_dtype=partial_dtype,
             plan=p,
-        )
+        ).astype(np.float32)
         total = part if total is None else total + part
     return total.astype(out_dtype)
 
@@ -191,9 +198,11 @@ def _partition(problem, b_major, out_dtype, plan, mesh, arg_shapes, result_shape
         if not split_sum:
             p = _shard_plan(plan, a, b, group_sizes, problem, b_major, out_dtype)
             return _blockwise(a, b, group_sizes, problem, b_major, out_dtype, p)
-        f32 = np.dtype(np.float32)
-        p = _shard_plan(plan, a, b, group_sizes, problem, b_major, f32)
-        return lax.psum(_blockwise(a, b, group_sizes, problem, b_major, f32, p), split_sum).astype(out_dtype)
+        p, partial_dtype = plans.for_partials(
+            plan, lambda d: ragged_call(a.shape, b.shape, group_sizes.shape, problem, b_major, a.dtype, d), out_dtype
+        )
+        out = _blockwise(a, b, group_sizes, problem, b_major, partial_dtype, p).astype(np.float32)
+        return lax.psum(out, split_sum).astype(out_dtype)  # the shards' partials added in float32
 
     shardings = tuple(NamedSharding(mesh, spec_of(f, chosen)) for f in (fa, fb, fs))
     return mesh, per_shard, NamedSharding(mesh, spec_of(fo, chosen)), shardings

@@ -44,12 +44,13 @@ writes each block's rows; ragged_k sums the blocks' products. Sizes follow
 ragged_dot's rule (a negative size counts as 0, groups are cut at the rows).
 
 Over a mesh each shard runs its own blocks, planned for one block's local
-shape: the blocks split (ragged_k then sums float32 partials with a psum);
-for blockwise scales also ragged_m's N (N/shards a multiple of 128) and K
-(K/shards a multiple of 128: float32 partials and a psum), and ragged_k's
-K' and N'. The rows of one block are never split (its groups are one sorted
-run). vmap runs a loop over the mapped axis. The ops are not
-differentiable: the fp8 training recipe quantizes each product itself.
+shape: the blocks split (ragged_k then sums the partials with a psum); for
+blockwise scales also ragged_m's N (N/shards a multiple of 128) and K
+(K/shards a multiple of 128: partials and a psum), and ragged_k's K' and N'.
+Partials are added in float32 (plans.for_partials: the kernels write bf16).
+The rows of one block are never split (its groups are one sorted run). vmap
+runs a loop over the mapped axis. The ops are not differentiable: the fp8
+training recipe quantizes each product itself.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ def _block(x, axis: int, block: int, blocks: int):
 
 def _by_block(a, b, scale_a, scale_b, group_sizes, problem, out_dtype, plan):
     """One grouped call per row block (plan: one block's); ragged_m stacks
-    the blocks' rows, ragged_k sums their float32 products."""
+    the blocks' rows, ragged_k adds their products in float32."""
     out_dtype = np.dtype(out_dtype)
     params = dict(problem=problem, out_dtype=out_dtype, plan=plan)
     if group_sizes.ndim == 1:
@@ -187,11 +188,12 @@ def _by_block(a, b, scale_a, scale_b, group_sizes, problem, out_dtype, plan):
             for s in range(blocks)
         ]
         return lax.concatenate(outs, 0) if blocks > 1 else outs[0]
-    # ragged_k: both operands' rows (their second axis) and both scales by block
-    f32 = np.dtype(np.float32) if blocks > 1 else out_dtype
-    k, n = a.shape[0], b.shape[0]
-    one = scaled_ragged_k_call(k, n, a.shape[1] // blocks, group_sizes.shape[1], a.dtype, f32, _is_mx(scale_a))
-    params.update(out_dtype=f32, plan=plans.for_shard(plan, one))
+    # ragged_k: both operands' rows (their second axis) and both scales by block, added in float32
+    if blocks > 1:
+        p, partial_dtype = plans.for_partials(
+            plan, lambda d: _block_call(a, b, scale_a, group_sizes, problem, d), out_dtype
+        )
+        params.update(out_dtype=partial_dtype, plan=p)
     total = None
     for s in range(blocks):
         part = scaled_ragged_local_p.bind(
@@ -201,7 +203,7 @@ def _by_block(a, b, scale_a, scale_b, group_sizes, problem, out_dtype, plan):
             _block(scale_b, 0, s, blocks),
             group_sizes[s],
             **params,
-        )
+        ).astype(np.float32)
         total = part if total is None else total + part
     return total.astype(out_dtype)
 
@@ -277,14 +279,19 @@ def _partition(problem, out_dtype, plan, mesh, arg_shapes, result_shape):
     chosen = choose_axes(mesh, candidates, extents)
     out_dtype = np.dtype(out_dtype)
     split_sum = chosen.get(summed, ())
-    partial_dtype = np.dtype(np.float32) if split_sum else out_dtype
 
     def per_shard(a, b, scale_a, scale_b, group_sizes):
-        p = plans.for_shard(plan, _block_call(a, b, scale_a, group_sizes, problem, partial_dtype))
-        out = _by_block(a, b, scale_a, scale_b, group_sizes, problem, partial_dtype, p)
-        if split_sum:  # float32 partials over K (ragged_m) or the blocks' rows (ragged_k)
-            out = lax.psum(out, split_sum).astype(out_dtype)
-        return out
+        def call_for(dtype):
+            return _block_call(a, b, scale_a, group_sizes, problem, dtype)
+
+        if not split_sum:
+            return _by_block(
+                a, b, scale_a, scale_b, group_sizes, problem, out_dtype, plans.for_shard(plan, call_for(out_dtype))
+            )
+        # partials over K (ragged_m) or the blocks' rows (ragged_k), added in float32
+        p, partial_dtype = plans.for_partials(plan, call_for, out_dtype)
+        out = _by_block(a, b, scale_a, scale_b, group_sizes, problem, partial_dtype, p).astype(np.float32)
+        return lax.psum(out, split_sum).astype(out_dtype)
 
     names["sizes"] = ("s", "g") if blocked else ("g",)
     order = ("a", "b", "scale_a", "scale_b", "sizes")

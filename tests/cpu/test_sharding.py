@@ -224,6 +224,42 @@ def test_ragged_dot_token_sharded_grads(mesh):
 
 
 @needs_8
+def test_summed_grouped_partials_stay_on_the_kernels(mesh, monkeypatch):
+    """The weight gradient of token-sharded blocks and a K-split forward are
+    partial products summed across shards; the grouped kernels write their
+    input dtype only, so the partials are planned in it (and added in fp32)
+    rather than in fp32 on XLA's path. Plans are made for a described H200,
+    on shapes large enough for the kernels (compiled, not run)."""
+    from jax_cluster import _ffi
+    from jax_cluster.planning.device import DeviceInfo
+
+    if not _ffi.compiled_variant_names():
+        pytest.skip("the extension is not built: no plan takes a kernel")
+    h200 = DeviceInfo("cuda", "described H200", (9, 0), 132, 232448, 50 << 20)
+    real_fresh, real_partials, made = plans.fresh, plans.for_partials, []
+
+    def partials(*args):  # the plans the summed partials run
+        made.append(real_partials(*args)[0])
+        return made[-1], real_partials(*args)[1]
+
+    monkeypatch.setattr(plans, "fresh", lambda call, device: real_fresh(call, h200))
+    monkeypatch.setattr(plans, "for_partials", partials)
+
+    def shaped(shape, dtype, spec):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
+
+    loss = lambda x, w, s: (jax_cluster.ragged_dot(x, w, s).astype(jnp.float32) ** 2).sum()  # noqa: E731
+    tokens = P(("x", "y"))
+    args = shaped((8 * 2048, 2048), jnp.bfloat16, tokens), shaped((8, 2048, 2048), jnp.bfloat16, P())
+    jax.jit(jax.grad(loss, (0, 1))).lower(*args, shaped((8, 8), jnp.int32, tokens)).compile()
+    assert made and all(p.uses_kernel and p.call.problem == "ragged_k" for p in made), [p.reason for p in made]
+    made.clear()
+    split_k = shaped((4096, 2048), jnp.bfloat16, P(None, "y")), shaped((8, 2048, 2048), jnp.bfloat16, P(None, "y"))
+    jax.jit(jax_cluster.ragged_dot).lower(*split_k, shaped((8,), jnp.int32, P())).compile()
+    assert made and all(p.uses_kernel and p.call.k == 512 for p in made), [p.reason for p in made]
+
+
+@needs_8
 @pytest.mark.parametrize("layout", ["gkn", "gnk"])
 def test_ragged_expert_mlp_data_and_tensor_parallel(mesh, layout):
     """Tokens split on x, each expert's hidden dim on y: w_in split on N, w_out

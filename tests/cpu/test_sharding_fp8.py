@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import compiled_text, put, rerun_on_8_host_devices
-from jax.sharding import AxisType
+from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jax_cluster import _ffi
@@ -246,3 +246,26 @@ def test_the_grouped_recipe_trains_token_blocks_sharded(mesh, planned_calls, w_s
     gathers, reduces = collectives(f, *args)
     assert gathers == 0 and reduces >= 1
     assert all(c.m == rows for c in planned_calls if c.problem == "ragged_m")  # one block each
+
+
+@needs_8
+@needs_rows
+def test_the_recipe_s_summed_partials_stay_on_the_kernels(mesh, planned_calls, monkeypatch):
+    """The fp8 grouped kernels write bf16 only: the data-parallel weight
+    gradient's per-shard partials are planned in bf16 and added in float32,
+    not sent to XLA's path as float32 products (compiled, not run)."""
+    made, real = [], plans.for_partials
+
+    def partials(*args):
+        made.append(real(*args)[0])
+        return made[-1], real(*args)[1]
+
+    monkeypatch.setattr(plans, "for_partials", partials)
+    spec = NamedSharding(mesh, P(("x", "y")))
+    x = jax.ShapeDtypeStruct((8 * 2048, 2048), jnp.bfloat16, sharding=spec)
+    w = jax.ShapeDtypeStruct((8, 2048, 2048), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+    sizes = jax.ShapeDtypeStruct((8, 8), jnp.int32, sharding=spec)
+    jax.jit(jax.grad(lambda x, w, s: (fp8_grouped(x, w, s).astype(jnp.float32) ** 2).sum(), (0, 1))).lower(
+        x, w, sizes
+    ).compile()
+    assert made and all(p.uses_kernel and p.call.problem == "ragged_k" for p in made), [p.reason for p in made]
