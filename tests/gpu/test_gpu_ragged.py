@@ -240,6 +240,29 @@ def test_gradients_match_lax_ragged_dot(name, m, k, n, sizes, layout):
     assert hlo.count(FFI_TARGETS["ragged_dot"]) >= 2
 
 
+def test_row_block_gradients_run_every_product_on_the_kernels():
+    """[S, G] sizes (MoEMLP's token_blocks): each block's forward, input
+    gradient and weight gradient is a kernel call; the weight gradient's
+    per-block partials are the kernel's bf16, added in float32."""
+    blocks, rows, k, n, g = 2, 2048, 1024, 896, 8
+    _kernel_plan(rows, n, k, g)
+    _kernel_plan(k, n, rows, g, problem="ragged_k")
+    lhs, rhs = _operands(blocks * rows, k, n, g, "gkn")
+    gs = jnp.asarray([_skewed(rows, g, seed=s) for s in range(blocks)], jnp.int32)
+    ct = randn((blocks * rows, n), jnp.float32)
+    grad = jax.jit(jax.grad(lambda l, r: (jax_cluster.ragged_dot(l, r, gs).astype(jnp.float32) * ct).sum(), (0, 1)))
+    assert grad.lower(lhs, rhs).as_text().count(FFI_TARGETS["ragged_dot"]) >= 3 * blocks
+    d_lhs, d_rhs = grad(lhs, rhs)
+
+    def block_loss(l, r):
+        out = [lax.ragged_dot(l[b * rows : (b + 1) * rows], r, gs[b], precision=HIGHEST) for b in range(blocks)]
+        return (jnp.concatenate(out) * ct).sum()
+
+    want = jax.grad(block_loss, (0, 1))(lhs.astype(jnp.float32), rhs.astype(jnp.float32))
+    assert rel_error(d_lhs, want[0]) < 2 * tolerance(jnp.bfloat16)
+    assert rel_error(d_rhs, want[1]) < 2 * tolerance(jnp.bfloat16)
+
+
 @pytest.mark.parametrize("layout", ["gkn", "gnk"])
 def test_d_rhs_of_empty_groups_is_exactly_zero(layout):
     m, k, n = 512, 256, 384
