@@ -26,8 +26,7 @@ class GroupedLinear(nnx.Module):
     `ragged_dot=` swaps the product (e.g. `jax.lax.ragged_dot` as a reference,
     which takes [G] sizes only). `fp8="blockwise"` or `"mxfp8"` runs the three products
     on block-scaled fp8 operands quantized on the fly (see
-    `jax_cluster.ops.fp8_training`; [G] sizes, rows and features in multiples
-    of 128).
+    `jax_cluster.ops.fp8_training`; rows and features in multiples of 128).
     """
 
     def __init__(
@@ -53,14 +52,23 @@ class GroupedLinear(nnx.Module):
         self.preferred_element_type = preferred_element_type
         self.ragged_dot = ragged_dot
 
-    def __call__(self, x, group_sizes):
+    def __call__(self, x, group_sizes, group_offset=None):
+        """x [M, in] by each row's group's kernel. `group_offset` (expert
+        parallelism): this layer holds the experts from it on, group_sizes
+        all of them; rows of the others come out zero (ragged_dot's rule)."""
         kernel = self.kernel[...]
         # nnx.Linear's promotion: the given dtype, else the inputs' common type
         dtype = self.dtype or jnp.result_type(x, kernel)
         if self.fp8 is not None:
-            return fp8_grouped(x.astype(dtype), kernel.astype(dtype), group_sizes, self.fp8)
+            args = (group_sizes, self.fp8, jnp.float8_e4m3fn, group_offset)
+            return fp8_grouped(x.astype(dtype), kernel.astype(dtype), *args)
+        offset = {} if group_offset is None else {"group_offset": group_offset}
         return self.ragged_dot(
-            x.astype(dtype), kernel.astype(dtype), group_sizes, preferred_element_type=self.preferred_element_type
+            x.astype(dtype),
+            kernel.astype(dtype),
+            group_sizes,
+            preferred_element_type=self.preferred_element_type,
+            **offset,
         )
 
     def gated(self, x, group_sizes, activation):

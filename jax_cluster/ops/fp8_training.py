@@ -45,7 +45,7 @@ import jax.numpy as jnp
 from jax_cluster.ops.dense import dot_general, matmul
 from jax_cluster.ops.fp8_grouped import grouped_weight_gradient, mx_weight_gradient
 from jax_cluster.ops.quantize import dequantize, qarray, quantize, quantize_weight
-from jax_cluster.ops.ragged_dot import ragged_dot
+from jax_cluster.ops.ragged_dot import group_spans, ragged_dot, zero_rows_before
 from jax_cluster.primitives.ragged import ragged
 from jax_cluster.primitives.token_tile_quantize import quantize_token_tiles
 from jax_cluster.primitives.weight_block_quantize import quantize_weight_blocks
@@ -157,29 +157,50 @@ fp8_linear.defvjp(_linear_forward, _linear_backward)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def fp8_grouped(x, kernel, group_sizes, recipe="blockwise", grad_dtype=jnp.float8_e4m3fn):
+def fp8_grouped(x, kernel, group_sizes, recipe="blockwise", grad_dtype=jnp.float8_e4m3fn, group_offset=None):
     """ragged_dot(x [M, K], kernel [G, K, N], group_sizes) with the recipe's
-    three fp8 products."""
-    return _grouped_forward(x, kernel, group_sizes, recipe, grad_dtype)[0]
+    three fp8 products. group_sizes is [G], or [S, G] for S row blocks.
+    `group_offset` (expert parallelism, as ragged_dot's): kernel holds the
+    G_local experts from it on, group_sizes all of them; rows of the other
+    experts come out zero, with zero input gradients, and add nothing to
+    the weight gradient."""
+    return _grouped_forward(x, kernel, group_sizes, recipe, grad_dtype, group_offset)[0]
 
 
-def _grouped_forward(x, kernel, group_sizes, recipe, grad_dtype):
+def _grouped_forward(x, kernel, group_sizes, recipe, grad_dtype, group_offset=None):
     r = _recipe(recipe, grad_dtype)
     _rows_of(x, "fp8_grouped", recipe)
     w_t, w = _weight_operands(kernel, recipe)
-    y = ragged_dot(quantize(x, block=r.rows), w_t, group_sizes, preferred_element_type=x.dtype, rhs_layout="gnk")
-    return y, (x, kernel, w, group_sizes)
+    y = ragged_dot(
+        quantize(x, block=r.rows),
+        w_t,
+        group_sizes,
+        preferred_element_type=x.dtype,
+        group_offset=group_offset,
+        rhs_layout="gnk",
+    )
+    return y, (x, kernel, w, group_sizes, group_offset)
 
 
 def _grouped_backward(recipe, grad_dtype, saved, dy):
     r = RECIPES[recipe]
-    x, kernel, w, group_sizes = saved
+    x, kernel, w, group_sizes, group_offset = saved
     _rows_of(dy, "fp8_grouped", recipe)
-    # [G, K, N] read as [G, N', K'] = each group's W^T: dx = dy @ W_g^T
+    # [G, K, N] read as [G, N', K'] = each group's W^T: dx = dy @ W_g^T (zero off the local experts)
     dx = ragged_dot(
-        quantize(dy, block=r.rows, dtype=grad_dtype), w, group_sizes, preferred_element_type=x.dtype, rhs_layout="gnk"
+        quantize(dy, block=r.rows, dtype=grad_dtype),
+        w,
+        group_sizes,
+        preferred_element_type=x.dtype,
+        group_offset=group_offset,
+        rhs_layout="gnk",
     )
-    sizes = group_sizes.astype(jnp.int32)
+    blocks = group_sizes.shape[0] if group_sizes.ndim == 2 else 1
+    rows = x.shape[0] // blocks
+    # the local experts' sizes, the first taking the rows before it: zeroed in
+    # dy (no gradient) and in x (kept out of its token tiles' scales)
+    sizes, first_row = group_spans(group_sizes, group_offset, kernel.shape[0], rows)
+    x, dy = (zero_rows_before(v, first_row, blocks, rows) for v in (x, dy))
     if recipe == "blockwise":
         # d_weight contracts the tokens: x and dy in token tiles, each group on its own tiles
         dw = grouped_weight_gradient(x, dy, sizes, grad_dtype, x.dtype)
@@ -188,7 +209,7 @@ def _grouped_backward(recipe, grad_dtype, saved, dy):
         if dw is None:
             xq, dyq = (dequantize(quantize(v, block=r.grad_tokens), jnp.bfloat16) for v in (x, dy))
             dw = ragged(xq, dyq, sizes, problem="ragged_k", out_dtype=x.dtype)
-    return dx, dw.astype(kernel.dtype), None
+    return dx, dw.astype(kernel.dtype), None, None
 
 
 fp8_grouped.defvjp(_grouped_forward, _grouped_backward)

@@ -92,10 +92,10 @@ def ragged_dot(
         blocks = group_sizes.shape[0] if group_sizes.ndim == 2 else 1
         rows = quantized[0].qvalue.shape[0] // max(blocks, 1)
         if integral and group_sizes.ndim in (1, 2) and rhs_layout in _B_MAJOR and rows * blocks > 0:
-            sizes, first_row = _group_spans(group_sizes, group_offset, quantized[1].qvalue.shape[0], rows)
+            sizes, first_row = group_spans(group_sizes, group_offset, quantized[1].qvalue.shape[0], rows)
             direct = scaled_grouped_product(*quantized, sizes, rhs_layout, out, plan)
             if direct is not None:
-                return _finish(_zero_rows_before(direct, first_row, blocks, rows), activation, out_sharding)
+                return _finish(zero_rows_before(direct, first_row, blocks, rows), activation, out_sharding)
         return ragged_dot(
             *(dequantize(q, jnp.bfloat16) for q in quantized),
             group_sizes,
@@ -120,7 +120,7 @@ def ragged_dot(
         )
     blocks = group_sizes.shape[0] if group_sizes.ndim == 2 else 1
     rows = lhs.shape[0] // blocks if blocks else 0
-    sizes, first_row = _group_spans(group_sizes, group_offset, rhs.shape[0], rows)
+    sizes, first_row = group_spans(group_sizes, group_offset, rhs.shape[0], rows)
     if (
         jnp.dtype(dtype) not in SUPPORTED_DTYPES
         or (preferred_element_type is not None and jnp.dtype(preferred_element_type) not in SUPPORTED_DTYPES)
@@ -137,12 +137,13 @@ def ragged_dot(
             out_dtype=preferred_element_type,
             plan=plan,
         )
-    return _finish(_zero_rows_before(out, first_row, blocks, rows), activation, out_sharding)
+    return _finish(zero_rows_before(out, first_row, blocks, rows), activation, out_sharding)
 
 
-def _zero_rows_before(out, first_row, blocks, rows):
+def zero_rows_before(out, first_row, blocks, rows):
     """Under group_offset, the rows of other shards' groups were computed
-    against the first local matrix: zero them (first_row: [blocks])."""
+    against the first local matrix: zero them (first_row: [blocks], or None
+    without group_offset). Shared with the fp8 recipe's backward."""
     if first_row is None:
         return out
     row = jnp.arange(out.shape[0]) % max(rows, 1)
@@ -159,9 +160,11 @@ def _finish(out, activation, out_sharding):
     return out
 
 
-def _group_spans(group_sizes, group_offset, local: int, rows: int):
+def group_spans(group_sizes, group_offset, local: int, rows: int):
     """(int32 sizes of the groups the product runs, first rows to zero or
-    None): all groups without group_offset, else the `local` ones from it."""
+    None): all groups without group_offset, else the `local` ones from it,
+    the first also taking the rows before it. `rows`: one row block's.
+    Shared with the fp8 recipe's backward."""
     if group_offset is None:
         return int32_group_sizes(group_sizes, rows), None
     return _local_groups(_clipped_int32(group_sizes, rows), group_offset, local, rows)

@@ -122,6 +122,12 @@ def test_grouped_linear_matches_lax_ragged_dot_and_inits_like_linears():
     g = nnx.grad(lambda m: (m(x, sizes) ** 2).sum())(layer)
     g_ref = nnx.grad(lambda m: (m(x, sizes) ** 2).sum())(ref)
     assert_trees_close(g, g_ref, 1e-4)
+    # expert parallelism: a layer of 2 experts holds groups 2 and 3 of 4
+    local = jcnn.GroupedLinear(2, 16, 24, rngs=nnx.Rngs(0))
+    ours = local(x, sizes, group_offset=2)
+    want = jax_cluster.ragged_dot(x, local.kernel[...], sizes, group_offset=2)
+    np.testing.assert_allclose(ours, want, rtol=1e-6, atol=1e-6)
+    assert not np.asarray(ours)[:5].any()
 
 
 def _moe_pair(**kw):
