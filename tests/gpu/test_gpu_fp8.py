@@ -266,3 +266,27 @@ def test_the_grouped_recipe_takes_token_blocks_on_the_kernels():
     parts = [grads(x[b * rows : (b + 1) * rows], w, sizes[b]) for b in range(blocks)]
     assert np.array_equal(np.asarray(dx, np.float32), np.concatenate([np.asarray(p[0], np.float32) for p in parts]))
     assert _rel(dw, sum(np.asarray(p[1], np.float32) for p in parts)) < 5e-3  # summed in float32, rounded once
+
+
+def test_the_grouped_recipe_with_group_offset_on_the_kernels():
+    """Expert parallelism in fp8 on the kernels: a shard's experts give the
+    products of their own rows, every other row zero, forward and input
+    gradient alike."""
+    from jax_cluster.ops.fp8_training import fp8_grouped
+
+    sizes, offset, local = jnp.asarray([300, 212, 512, 256, 500, 268], jnp.int32), 2, 2
+    first, last = 512, 1280
+    kx, kw = jax.random.split(fresh_key())
+    x = jax.random.normal(kx, (2048, 1024), jnp.bfloat16)
+    w = (jax.random.normal(kw, (local, 1024, 1536), jnp.float32) * 0.05).astype(jnp.bfloat16)
+    loss = lambda x, w, s, o: jnp.sum(fp8_grouped(x, w, s, "blockwise", E4M3, o).astype(jnp.float32) ** 2)  # noqa: E731
+    grads = jax.jit(jax.grad(loss, (0, 1)), static_argnums=3)
+    if tables.FFI_TARGETS["scaled_ragged_dot"] not in grads.lower(x, w, sizes, offset).as_text():
+        pytest.skip("no block-scaled grouped kernel here")
+    dx, dw = grads(x, w, sizes, offset)
+    mine = sizes[offset : offset + local]
+    dx_alone, dw_alone = grads(x[first:last], w, mine, None)
+    d = np.asarray(dx, np.float32)
+    assert not d[:first].any() and not d[last:].any()
+    assert _rel(d[first:last], dx_alone) < 1e-2  # the same fp8 products (a plan for other rows may tile them otherwise)
+    assert _rel(dw, dw_alone) < 4e-2  # the same rows on other token tiles: other scales
