@@ -14,10 +14,14 @@ seconds; `medium` (4096 tokens, width 1024, 8 experts of 2816) is a layer
 whose GEMMs take the time; `compact` (512 tokens, width 128) is the smallest
 that the fp8 recipe takes. `--fp8` trains jax_cluster's side in the
 blockwise fp8 recipe (`--fp8 mxfp8`: the MXFP8 one), against Flax's bf16.
-Exits non-zero if the two curves differ by more than the tolerance. --out
-writes both curves and step times to
-DIR/train_block_<dtype>[_<size>][_fp8|_mxfp8].json and the curves to a
-.png beside it (the PNG needs matplotlib).
+`--data-parallel` trains both sides on every device (8 host devices on a
+CPU): the batch split across them, the parameters replicated, jax_cluster's
+MoE routing each device's tokens on their own (`token_blocks`), so its
+grouped products and fp8 quantizations run per device and only the
+gradients are all-reduced. Exits non-zero if the two curves differ by more
+than the tolerance. --out writes both curves and step times to
+DIR/train_block_<dtype>[_<size>][_fp8|_mxfp8][_dp<devices>].json and the
+curves to a .png beside it (the PNG needs matplotlib).
 
 Times, in wall milliseconds with the host included: the training step as the
 loop runs it (one sync per step, for the loss), the same step dispatched
@@ -30,20 +34,26 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
 import pathlib
 import statistics
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
-import optax
-from flax import nnx
-from jax import lax
+if "--data-parallel" in sys.argv and "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
-from jax_cluster import nn as jcnn
-from jax_cluster.ops.fp8_training import RECIPES
-from jax_cluster.tuning.timing import span_ms
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import optax  # noqa: E402
+from flax import nnx  # noqa: E402
+from jax import lax  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from jax_cluster import nn as jcnn  # noqa: E402
+from jax_cluster.ops.fp8_training import RECIPES  # noqa: E402
+from jax_cluster.tuning.timing import span_ms  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,17 +76,18 @@ SIZES = {
 }
 
 
-def products(kind, fp8=None):
+def products(kind, fp8=None, token_blocks=1):
     """The layer class and products of each side: jax_cluster's (with the fp8
-    recipe, or not) or Flax/XLA's."""
+    recipe, or not; the MoE routing `token_blocks` blocks of tokens apart)
+    or Flax/XLA's (lax.ragged_dot takes one block)."""
     if kind == "jax_cluster":
-        return functools.partial(jcnn.Linear, fp8=fp8), {"fp8": fp8}
+        return functools.partial(jcnn.Linear, fp8=fp8), {"fp8": fp8, "token_blocks": token_blocks}
     return nnx.Linear, {"dot_general": lax.dot_general, "ragged_dot": lax.ragged_dot}
 
 
 class Block(nnx.Module):
-    def __init__(self, kind, dims: Dims, dtype, rngs, fp8=None):
-        linear, moe_products = products(kind, fp8)
+    def __init__(self, kind, dims: Dims, dtype, rngs, fp8=None, token_blocks=1):
+        linear, moe_products = products(kind, fp8, token_blocks)
         dense = lambda i, o: linear(i, o, dtype=dtype, rngs=rngs)  # noqa: E731
         features, hidden = dims.features, dims.hidden
         self.heads = dims.heads
@@ -128,11 +139,15 @@ def batches(dims: Dims, steps):
         yield tokens, jnp.roll(tokens, 1, axis=1)
 
 
-def train(kind, dims: Dims, dtype, steps, fp8=None):
+def train(kind, dims: Dims, dtype, steps, fp8=None, mesh=None):
     """(losses, seconds per step after the first, final parameters, the
-    timing probes: the step and each block as (function, arguments))."""
-    model = Block(kind, dims, dtype, nnx.Rngs(0), fp8)
+    timing probes: the step and each block as (function, arguments)).
+    With a mesh: the batch split over its "data" axis, the rest replicated."""
+    devices = 1 if mesh is None else mesh.size
+    model = Block(kind, dims, dtype, nnx.Rngs(0), fp8, token_blocks=devices)
     graph, params, rest = nnx.split(model, nnx.Param, ...)
+    place = (lambda t, spec: t) if mesh is None else (lambda t, spec: jax.device_put(t, NamedSharding(mesh, spec)))  # noqa: E731
+    params = jax.tree.map(lambda t: place(t, P()), params)
     optimizer = optax.adamw(3e-3)
 
     def loss_fn(params, tokens, targets):
@@ -148,6 +163,7 @@ def train(kind, dims: Dims, dtype, steps, fp8=None):
     opt_state = optimizer.init(params)
     losses, start = [], None
     for i, (tokens, targets) in enumerate(batches(dims, steps)):
+        tokens, targets = place(tokens, P("data")), place(targets, P("data"))
         params, opt_state, loss = step(params, opt_state, tokens, targets)
         losses.append(float(loss))  # waits for the step
         if i == 0:
@@ -155,6 +171,7 @@ def train(kind, dims: Dims, dtype, steps, fp8=None):
     per_step = (time.perf_counter() - start) / max(steps - 1, 1)
     probes = {"step": (step, (params, opt_state, tokens, targets))}
     x = jax.random.normal(jax.random.key(7), (dims.batch, dims.seq, dims.features), jnp.float32).astype(dtype)
+    x = place(x, P("data"))
     for name, block in BLOCKS.items():
 
         def block_loss(params, x, block=block):
@@ -202,6 +219,9 @@ def main(argv=None):
     parser.add_argument(
         "--out", type=pathlib.Path, default=None, help="directory for train_block_<dtype>.json and .png"
     )
+    parser.add_argument(
+        "--data-parallel", action="store_true", help="split the batch over every device (8 host devices on a CPU)"
+    )
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     parser.add_argument("--calls", type=int, default=50, help="back-to-back calls in one timing round")
     args = parser.parse_args(argv)
@@ -214,12 +234,17 @@ def main(argv=None):
 
     dims = SIZES[args.size]
     recipe = args.fp8
-    ours, our_time, our_params, our_probes = train("jax_cluster", dims, dtype, args.steps, recipe)
-    theirs, their_time, their_params, their_probes = train("flax", dims, dtype, args.steps)
+    auto = (jax.sharding.AxisType.Auto,)  # the sharding propagation, not sharding in types
+    mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=auto) if args.data_parallel else None
+    if mesh is not None and dims.batch % mesh.size:
+        parser.error(f"--data-parallel: the batch of {dims.batch} does not split over {mesh.size} devices")
+    ours, our_time, our_params, our_probes = train("jax_cluster", dims, dtype, args.steps, recipe, mesh)
+    theirs, their_time, their_params, their_probes = train("flax", dims, dtype, args.steps, mesh=mesh)
     assert jax.tree.structure(our_params) == jax.tree.structure(their_params)
     timed = interleaved_ms({"jax_cluster": our_probes, "flax": their_probes}, args.rounds, args.calls)
 
     side = f", jax_cluster in fp8 ({recipe})" if recipe else ""
+    side += f", data parallel over {mesh.size} devices" if mesh is not None else ""
     print(f"{jax.devices()[0].platform}, {args.dtype}{side}, {args.size} block {dims}, {args.steps} steps")
     print(f"{'step':>6} {'jax_cluster':>12} {'flax':>12}")
     for i in range(0, args.steps, max(args.steps // 10, 1)):
@@ -244,6 +269,7 @@ def main(argv=None):
             "dtype": args.dtype,
             "size": args.size,
             "fp8": recipe,
+            "data_parallel_devices": mesh.size if mesh is not None else None,
             "dims": dataclasses.asdict(dims),
             "steps": args.steps,
             "loss": {"jax_cluster": ours, "flax": theirs},
@@ -261,6 +287,7 @@ def main(argv=None):
         }
         fp8_suffix = {None: "", "blockwise": "_fp8"}.get(recipe, f"_{recipe}")
         suffix = ("" if args.size == "small" else f"_{args.size}") + fp8_suffix
+        suffix += f"_dp{mesh.size}" if mesh is not None else ""
         write_record(args.out, f"train_block_{args.dtype}{suffix}", record)
     return 0 if diff <= tolerance else 1
 

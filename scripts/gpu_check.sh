@@ -4,7 +4,7 @@
 # $RESULTS/logs.tgz after every step and every 30 s, so a run cut off by a
 # time limit still leaves what finished; $RESULTS also gets prebuilt/_ext*.so.
 # Steps: smoke tests checks selftest sweep sanitize sharding lgemms bench grid planner sched walk
-# layers ragged gated moe decode dense groupedroute gclusters hostcost fp8 fp8grouped fp8wgrad fp8weights train fp8train fallback pytest (pytest: the tests named by $PYTEST_ARGS;
+# layers ragged gated moe decode dense groupedroute gclusters hostcost fp8 fp8grouped fp8wgrad fp8weights train fp8train traindp fallback pytest (pytest: the tests named by $PYTEST_ARGS;
 # FP8_TESTS=0: the fp8 step's benchmark only, FP8_ARGS its arguments).
 # Offline machines: put the nvidia-cutlass (and absl-py) wheels in .whl/ first; the
 # ragged and moe steps also want tokamax's (tokamax==0.0.17 einshape qwix immutabledict
@@ -149,6 +149,10 @@ for part in ${STEPS:-tests bench grid}; do
              "$PY" examples/expert_parallel.py --dtype bfloat16; } 2>&1 | tee "$LOGS/train.log" ;;
     fp8train) step "examples: train_block in the blockwise fp8 recipe against Flax's bf16"
            "$PY" examples/train_block.py --size ${FP8_TRAIN_SIZE:-medium} --fp8 --out "$LOGS" 2>&1 | tee "$LOGS/train_fp8.log" ;;
+    traindp) step "examples: train_block data parallel over every GPU, bf16 and the fp8 recipe (needs two GPUs)"
+           { "$PY" examples/train_block.py --data-parallel --size medium --steps ${MEDIUM_STEPS:-100} --out "$LOGS"
+             "$PY" examples/train_block.py --data-parallel --size medium --fp8 --steps ${MEDIUM_STEPS:-100} --out "$LOGS"; } \
+             2>&1 | tee "$LOGS/train_dp.log" ;;
     grid)  step "size grid"  # autotuning the reference dots would dominate its compile time
            XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" "$PYTEST" -q -rs -s -p no:cacheprovider -k size_grid tests 2>&1 | tee "$LOGS/grid.log" | tail -25 ;;
   esac

@@ -26,7 +26,7 @@ from jax_cluster.primitives import plans
 from jax_cluster.primitives.lowering import gated_local_p
 from jax_cluster.primitives.operands import check_dtypes, gemm_view
 from jax_cluster.primitives.registry import partitioned_primitive
-from jax_cluster.primitives.specs import choose_axes, dim_axes, spec_of
+from jax_cluster.primitives.specs import choose_axes, dim_axes, rule_options, spec_of, term
 
 _WHO = "jax_cluster.gated_ragged_dot"
 
@@ -88,8 +88,9 @@ def _sharding_rule(b_major, activation, out_dtype, plan, mesh, operand_types, re
     a_shape, _, sizes_shape = (tuple(t.shape) for t in operand_types)
     rhs = "g k n" if b_major == "n" else "g n k"
     if len(sizes_shape) == 2:  # whole row blocks move; nothing else is split
-        rule = f"(s r) k, {rhs}, s g -> (s r) h"
-        return rule, dict(need_replication_factors=("r", "k", "n", "h"), r=a_shape[0] // sizes_shape[0])
+        rows, size_of = term(("s", sizes_shape[0]), ("r", a_shape[0] // sizes_shape[0]))
+        rule = f"{rows} k, {rhs}, s g -> {rows} h"
+        return rule, rule_options(rule, replication=("r", "k", "n", "h"), sizes=size_of)
     return f"m k, {rhs}, g -> m h", dict(need_replication_factors=("m", "k", "n", "h"))
 
 

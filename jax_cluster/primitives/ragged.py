@@ -38,7 +38,7 @@ from jax_cluster.primitives import plans
 from jax_cluster.primitives.lowering import ragged_local_p
 from jax_cluster.primitives.operands import FLIP_B, check_dtypes, ct_as, gemm_view
 from jax_cluster.primitives.registry import partitioned_primitive
-from jax_cluster.primitives.specs import choose_axes, dim_axes, spec_of
+from jax_cluster.primitives.specs import choose_axes, dim_axes, rule_options, spec_of, term
 
 _WHO = "jax_cluster.ragged_dot"
 _LAYOUT_NAME = {"n": "gkn", "k": "gnk"}
@@ -160,20 +160,16 @@ def _sharding_rule(problem, b_major, out_dtype, plan, mesh, operand_types, resul
     a_shape, _, sizes_shape = (tuple(t.shape) for t in operand_types)
     blocked = len(sizes_shape) == 2
     fa, fb, fs, fo = _factors(problem, b_major, blocked)
+    # the rows of lhs, rhs (ragged_k) and output (ragged_m) are S blocks of R rows
+    rows, size_of = term(("s", sizes_shape[0]), ("r", a_shape[0] // sizes_shape[0])) if blocked else ("m", {})
 
-    def dims(names):  # the rows of lhs, rhs (ragged_k) and output (ragged_m) are S blocks of R rows
-        return " ".join("(s r)" if f == "s" else f for f in names)
+    def dims(names):
+        return " ".join(rows if f in ("s", "m") else f for f in names)
 
     rule = f"{dims(fa)}, {dims(fb)}, {' '.join(fs)} -> {dims(fo)}"
-    if problem == "ragged_k":
-        options = {"reduction_factors": ("s",) if blocked else ()}
-    else:
-        options = {"reduction_factors": ("k",)}
-    if blocked:  # a block is never split: its groups are one sorted run
-        options.update(need_replication_factors=("r",), r=a_shape[0] // sizes_shape[0])
-    else:
-        options.update(need_replication_factors=("m",))
-    return rule, options
+    # a block is never split: its groups are one sorted run
+    reduced = ("s",) if problem == "ragged_k" else ("k",)
+    return rule, rule_options(rule, reduction=reduced, replication=("r", "m"), sizes=size_of)
 
 
 def _partition(problem, b_major, out_dtype, plan, mesh, arg_shapes, result_shape):

@@ -44,7 +44,7 @@ from jax_cluster.primitives.lowering import scaled_gemm_local_p
 from jax_cluster.primitives.mx_scales import ROWS_PER_ATOM, SCALE_DTYPE, is_mx_scale, layout_size
 from jax_cluster.primitives.operands import check_scaled_operands
 from jax_cluster.primitives.registry import partitioned_primitive
-from jax_cluster.primitives.specs import choose_axes, dim_axes, spec_of, tied
+from jax_cluster.primitives.specs import choose_axes, dim_axes, rule_options, spec_of, term, tied
 
 _WHO = "jax_cluster scaled_gemm"
 
@@ -100,21 +100,25 @@ def _tiles(rows: int) -> int:
 def _sharding_rule(out_dtype, plan, mesh, operand_types, result_types):
     (m, k), (n, _) = operand_types[0].shape, operand_types[1].shape
     if len(operand_types[2].shape) == 1:  # MX: one flat layout per operand, 128-row tiles outermost
-        rows_m, scale_a, sizes_m, keep_m = tied("m", m, ROWS_PER_ATOM)
-        rows_n, scale_b, sizes_n, keep_n = tied("n", n, ROWS_PER_ATOM)
         per_tile = layout_size(ROWS_PER_ATOM, k)  # the layout's bytes per 128 rows
-        if sizes_m:  # the tiles appear only in compound factors: their count is given
-            scale_a, sizes_m = "(mb ma)", {**sizes_m, "ma": per_tile, "mb": m // ROWS_PER_ATOM}
-        if sizes_n:
-            scale_b, sizes_n = "(nb na)", {**sizes_n, "na": per_tile, "nb": n // ROWS_PER_ATOM}
+        terms, sizes = [], {}
+        for name, rows in (("m", m), ("n", n)):
+            if rows % ROWS_PER_ATOM == 0:  # values and scales split along whole tiles
+                values, s_values = term((f"{name}b", rows // ROWS_PER_ATOM), (f"{name}t", ROWS_PER_ATOM))
+                scales, s_scales = term((f"{name}b", rows // ROWS_PER_ATOM), (f"{name}a", per_tile))
+                terms.append((values, scales))
+                sizes.update(s_values, **s_scales)
+            else:
+                terms.append((name, f"{name}s"))
+        (rows_m, scale_a), (rows_n, scale_b) = terms
         rule = f"{rows_m} k, {rows_n} k, {scale_a}, {scale_b} -> {rows_m} {rows_n}"
-        return rule, {"need_replication_factors": ("k", *keep_m, *keep_n), **sizes_m, **sizes_n}
+        return rule, rule_options(rule, replication=("k", "ms", "ns"), sizes=sizes)
     # blockwise: scale_a [K/128, M], scale_b [K/128, N/128]
     cols_k, kb, sizes_k, keep_k = tied("k", k, SCALE_BLOCK)
     rows_n, nb, sizes_n, keep_n = tied("n", n, SCALE_BLOCK)
-    reduced = ("kb", "kt") if sizes_k else ("k",)
     rule = f"m {cols_k}, {rows_n} {cols_k}, {kb} m, {kb} {nb} -> m {rows_n}"
-    return rule, {"reduction_factors": reduced, "need_replication_factors": keep_k + keep_n, **sizes_k, **sizes_n}
+    reduced = ("k", "kb", "kt")  # whichever of them the rule has
+    return rule, rule_options(rule, reduction=reduced, replication=keep_k + keep_n, sizes={**sizes_k, **sizes_n})
 
 
 def _partition(out_dtype, plan, mesh, arg_shapes, result_shape):

@@ -68,7 +68,7 @@ from jax_cluster.primitives import mx_scales, plans
 from jax_cluster.primitives.lowering import scaled_ragged_local_p
 from jax_cluster.primitives.operands import check_scaled_operands
 from jax_cluster.primitives.registry import partitioned_primitive
-from jax_cluster.primitives.specs import choose_axes, dim_axes, spec_of, tied
+from jax_cluster.primitives.specs import choose_axes, dim_axes, rule_options, spec_of, term, tied
 
 _WHO = "jax_cluster scaled_ragged_dot"
 
@@ -220,38 +220,36 @@ def _whole(a, b, scale_a, scale_b, group_sizes, problem, out_dtype, plan):
 
 
 def _sharding_rule(problem, out_dtype, plan, mesh, operand_types, result_types):
-    # Row blocks are whole (a compound "(s r)", as in ragged_dot); a scale
+    # Row blocks are whole (the compound "(s r)", as in ragged_dot); a scale
     # axis is tied to its values' axis where whole scale blocks make it up
     # (specs.tied), and otherwise stays replicated.
-    a, b, scale_a, _, sizes = (tuple(t.shape) for t in operand_types)
-    blocked, mx = len(sizes) == 2, len(scale_a) == 1
-    rows, group_sizes = ("(s r)", "s g") if blocked else ("r", "g")
-    options = {"r": (a[0] if problem == "ragged_m" else a[1]) // sizes[0]} if blocked else {}
+    a, b, scale_a, scale_b, sizes = (tuple(t.shape) for t in operand_types)
+    mx, blocks = len(scale_a) == 1, sizes[0] if len(sizes) == 2 else 1
+    group_sizes = "s g" if len(sizes) == 2 else "g"
+    rows, size_of = term(("s", blocks), ("r", (a[0] if problem == "ragged_m" else a[1]) // blocks))
     if problem == "ragged_m" and mx:  # each block's A scales one flat layout
-        rule = f"{rows} k, g n k, {'(s sa)' if blocked else 'sa'}, g sb, {group_sizes} -> {rows} n"
-        if blocked:
-            options["sa"] = scale_a[0] // sizes[0]
-        return rule, {"need_replication_factors": ("r", "k", "sa", "sb"), **options}
+        flat, s_flat = term(("s", blocks), ("sa", scale_a[0] // blocks))
+        rule = f"{rows} k, g n k, {flat}, g sb, {group_sizes} -> {rows} n"
+        return rule, rule_options(rule, replication=("r", "k", "sa", "sb"), sizes={**size_of, **s_flat})
     if problem == "ragged_m":  # scale_a [rows, K/128], scale_b [G, K/128, N/128]
         cols_k, kb, sizes_k, keep_k = tied("k", a[1], SCALE_BLOCK)
-        rows_n, nb, sizes_n, keep_n = tied("n", b[1], SCALE_BLOCK)
-        rule = f"{rows} {cols_k}, g {rows_n} {cols_k}, {rows} {kb}, g {kb} {nb}, {group_sizes} -> {rows} {rows_n}"
-        reduced = ("kb", "kt") if sizes_k else ("k",)
+        cols_n, nb, sizes_n, keep_n = tied("n", b[1], SCALE_BLOCK)
+        rule = f"{rows} {cols_k}, g {cols_n} {cols_k}, {rows} {kb}, g {kb} {nb}, {group_sizes} -> {rows} {cols_n}"
         keep = ("r", *keep_k, *keep_n)
-        return rule, {"reduction_factors": reduced, "need_replication_factors": keep, **sizes_k, **sizes_n, **options}
+        return rule, rule_options(
+            rule, reduction=("k", "kb", "kt"), replication=keep, sizes={**size_of, **sizes_k, **sizes_n}
+        )
     # ragged_k: a [K', rows], b [N', rows]; blockwise scales [rows/128, K'] and [rows/128, N'], or MX layouts
-    if mx:
-        scales = "(s sa), (s sb)" if blocked else "sa, sb"
-        if blocked:
-            options.update(sa=scale_a[0] // sizes[0], sb=operand_types[3].shape[0] // sizes[0])
-        keep = ("r", "i", "j", "sa", "sb")
+    if mx:  # each block's scales one flat layout of the block's rows
+        flat_a, s_a = term(("s", blocks), ("sa", scale_a[0] // blocks))
+        flat_b, s_b = term(("s", blocks), ("sb", scale_b[0] // blocks))
+        rule = f"i {rows}, j {rows}, {flat_a}, {flat_b}, {group_sizes} -> g i j"
+        keep, extra = ("r", "i", "j", "sa", "sb"), {**s_a, **s_b}
     else:
-        scales = "(s t) i, (s t) j" if blocked else "t i, t j"
-        if blocked:
-            options["t"] = options["r"] // SCALE_BLOCK
+        tiles, extra = term(("s", blocks), ("t", a[1] // blocks // SCALE_BLOCK))
+        rule = f"i {rows}, j {rows}, {tiles} i, {tiles} j, {group_sizes} -> g i j"
         keep = ("r", "t")
-    rule = f"i {rows}, j {rows}, {scales}, {group_sizes} -> g i j"
-    return rule, {"reduction_factors": ("s",) if blocked else (), "need_replication_factors": keep, **options}
+    return rule, rule_options(rule, reduction=("s",), replication=keep, sizes={**size_of, **extra})
 
 
 def _partition(problem, out_dtype, plan, mesh, arg_shapes, result_shape):

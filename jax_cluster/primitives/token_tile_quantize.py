@@ -37,7 +37,7 @@ from jax_cluster.planning.tables import FFI_TARGETS, SCALE_BLOCK
 from jax_cluster.primitives import fp8_scaling, token_tiles
 from jax_cluster.primitives.lowering import clamp_group_sizes
 from jax_cluster.primitives.registry import local_primitive, partitioned_primitive
-from jax_cluster.primitives.specs import choose_axes, dim_axes, spec_of, tied
+from jax_cluster.primitives.specs import choose_axes, dim_axes, rule_options, spec_of, term, tied
 
 # Whether calls take the kernel unless told, where the device runs its machine
 # code (kernel_by_default): it is bitwise equal to XLA's form (GPU tests),
@@ -130,12 +130,14 @@ def _sharding_rule(rows, dtype, use_kernel, mesh, operand_types, result_types):
     x, sizes = (tuple(t.shape) for t in operand_types)
     if _unpadded_group(x, sizes, rows):  # the layout's rows are x's, its tiles the scales' rows
         rows_m, tiles, size_of, keep = tied("m", rows, SCALE_BLOCK)
-        return f"{rows_m} c, g -> c {rows_m}, {tiles} c", {"need_replication_factors": keep, **size_of}
-    if len(sizes) == 2:  # each block's rows whole, laid out on its own `rows`
-        rule = "(s r) c, s g -> c (s q), (s t) c"
-        options = {"r": x[0] // sizes[0], "q": rows, "t": rows // SCALE_BLOCK}
-        return rule, {"need_replication_factors": ("r", "q", "t"), **options}
-    return "r c, g -> c q, t c", {"need_replication_factors": ("r", "q", "t")}
+        rule = f"{rows_m} c, g -> c {rows_m}, {tiles} c"
+        return rule, rule_options(rule, replication=keep, sizes=size_of)
+    blocks = sizes[0] if len(sizes) == 2 else 1  # each block's rows whole, laid out on its own `rows`
+    x_rows, s_x = term(("s", blocks), ("r", x[0] // blocks))
+    laid, s_laid = term(("s", blocks), ("q", rows))
+    tiles, s_tiles = term(("s", blocks), ("t", rows // SCALE_BLOCK))
+    rule = f"{x_rows} c, {'s g' if len(sizes) == 2 else 'g'} -> c {laid}, {tiles} c"
+    return rule, rule_options(rule, replication=("r", "q", "t"), sizes={**s_x, **s_laid, **s_tiles})
 
 
 def _partition(rows, dtype, use_kernel, mesh, arg_shapes, result_shape):

@@ -31,7 +31,7 @@ from jax_cluster import _ffi
 from jax_cluster.planning.tables import FFI_TARGETS, SCALE_BLOCK
 from jax_cluster.primitives import fp8_scaling
 from jax_cluster.primitives.registry import local_primitive, partitioned_primitive
-from jax_cluster.primitives.specs import choose_axes, dim_axes, spec_of, tied
+from jax_cluster.primitives.specs import choose_axes, dim_axes, rule_options, spec_of, tied
 
 # Whether calls take the kernel unless told, where the device runs its
 # machine code (kernel_by_default). Off until it has been checked bitwise
@@ -120,7 +120,7 @@ def _sharding_rule(dtype, use_kernel, mesh, operand_types, result_types):
     rows_k, kb, sizes_k, keep_k = tied("k", k, SCALE_BLOCK)
     cols_n, nb, sizes_n, keep_n = tied("n", n, SCALE_BLOCK)
     rule = f"g {rows_k} {cols_n} -> g {rows_k} {cols_n}, g {cols_n} {rows_k}, g {kb} {nb}"
-    return rule, {"need_replication_factors": keep_k + keep_n, **sizes_k, **sizes_n}
+    return rule, rule_options(rule, replication=keep_k + keep_n, sizes={**sizes_k, **sizes_n})
 
 
 def _partition(dtype, use_kernel, mesh, arg_shapes, result_shape):

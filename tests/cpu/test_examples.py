@@ -50,6 +50,18 @@ def test_train_block_trains_in_fp8_at_the_compact_size(tmp_path, recipe, suffix)
     assert "difference_of_the_last_20_steps" in record
 
 
+def test_train_block_trains_data_parallel_in_fp8(tmp_path):
+    """8 host devices, the batch split across them: the fp8 recipe's products
+    and quantizations run per device, and the curve follows Flax's."""
+    pytest.importorskip("qwix")
+    args = ("--data-parallel", "--size", "compact", "--fp8", "--steps", "3", "--rounds", "1", "--calls", "1")
+    run = run_example("train_block.py", *args, "--out", str(tmp_path))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "data parallel over 8 devices" in run.stdout
+    record = json.loads((tmp_path / "train_block_bfloat16_compact_fp8_dp8.json").read_text())
+    assert record["data_parallel_devices"] == 8 and record["max_difference_of_first_loss"] <= record["tolerance"]
+
+
 def test_train_block_measures_curves_against_the_first_loss():
     pytest.importorskip("flax")
     pytest.importorskip("optax")

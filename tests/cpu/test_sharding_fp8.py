@@ -16,6 +16,7 @@ from helpers import compiled_text, put, rerun_on_8_host_devices
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import jax_cluster
 from jax_cluster import _ffi
 from jax_cluster.ops.fp8_training import fp8_grouped, fp8_linear
 from jax_cluster.planning import tables
@@ -269,3 +270,20 @@ def test_the_recipe_s_summed_partials_stay_on_the_kernels(mesh, planned_calls, m
         x, w, sizes
     ).compile()
     assert made and all(p.uses_kernel and p.call.problem == "ragged_k" for p in made), [p.reason for p in made]
+
+
+@needs_8
+def test_one_scale_block_or_one_row_block_still_shards(mesh, planned_calls):
+    """A dimension of exactly one scale block (K = 128) or one row block
+    ([1, G] sizes) makes a factor of size 1, which a compound factor of the
+    sharding rule must leave out."""
+    x, w = randn(17, (1024, 128), jnp.bfloat16), randn(18, (128, 256), jnp.bfloat16)
+    f = _grads(fp8_linear)
+    for got, want in zip(f(put(mesh, x, P(("x", "y"))), w), f(x, w)):
+        assert_close(np.asarray(got, np.float32), np.asarray(want, np.float32), 1e-2)
+    rows, groups = randn(19, (512, 256), jnp.bfloat16), jnp.asarray([[100, 300, 112]], jnp.int32)
+    experts = randn(20, (3, 256, 384), jnp.bfloat16)
+    g = jax.jit(jax.grad(lambda x, w, s: (jax_cluster.ragged_dot(x, w, s).astype(jnp.float32) ** 2).sum(), (0, 1)))
+    sharded = g(put(mesh, rows, P(None, "y")), put(mesh, experts, P(None, "y", None)), groups)
+    for got, want in zip(sharded, g(rows, experts, groups)):
+        assert_close(np.asarray(got, np.float32), np.asarray(want, np.float32), 1e-2)
