@@ -416,3 +416,17 @@ def test_gated_product_keeps_row_blocks_whole():
     assert_sharded(out, mesh, P("x"))
     whole = jax_cluster.gated_ragged_dot(x, w, sizes)
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(whole, np.float32), rtol=1e-2, atol=1e-2)
+
+
+def test_rule_terms_leave_out_size_one_factors():
+    """Shardy refuses a size-1 factor inside a compound and sizes of whole
+    dimensions, and wants special factors in the rule's own order."""
+    from jax_cluster.primitives.specs import rule_options, term, tied
+
+    assert term(("s", 4), ("r", 32)) == ("(s r)", {"s": 4, "r": 32})
+    assert term(("s", 1), ("r", 32)) == ("r", {}) and term(("s", 1), ("r", 1)) == ("s", {})
+    assert tied("k", 128, 128)[:2] == ("kt", "kb") and tied("k", 384, 128)[0] == "(kb kt)"
+    assert tied("n", 200, 128) == ("n", "nb", {}, ("nb",))
+    rule = "m (kb kt), n (kb kt), kb m, kb nb -> m n"
+    options = rule_options(rule, reduction=("kt", "kb", "k"), replication=("nb", "r"), sizes={"kb": 3, "kt": 128})
+    assert options == {"kt": 128, "reduction_factors": ("kb", "kt"), "need_replication_factors": ("nb",)}

@@ -23,6 +23,7 @@ from jax_cluster.planning import tables
 from jax_cluster.planning.device import DeviceInfo
 from jax_cluster.primitives import mx_scales, plans
 from jax_cluster.primitives.scaled_gemm import scaled_gemm
+from jax_cluster.primitives.scaled_ragged import scaled_ragged_dot, scaled_ragged_k_dot
 from jax_cluster.primitives.token_tile_quantize import quantize_token_tiles
 from jax_cluster.primitives.weight_block_quantize import quantize_weight_blocks
 
@@ -287,3 +288,39 @@ def test_one_scale_block_or_one_row_block_still_shards(mesh, planned_calls):
     sharded = g(put(mesh, rows, P(None, "y")), put(mesh, experts, P(None, "y", None)), groups)
     for got, want in zip(sharded, g(rows, experts, groups)):
         assert_close(np.asarray(got, np.float32), np.asarray(want, np.float32), 1e-2)
+
+
+@needs_8
+def test_mx_row_blocks_split_with_their_scale_layouts(mesh):
+    """MXFP8 grouped calls with [S, G] sizes: each block's A scales (ragged_m)
+    or both operands' scales (ragged_k) are a flat layout of their own, one
+    after another, so the blocks split with them; ragged_k sums the shards."""
+    blocks, rows, k, n, groups = 8, 128, 256, 256, 4
+    cuts = np.sort(np.random.default_rng(2).integers(0, rows + 1, (blocks, groups)), axis=1)
+    sizes = jnp.asarray(np.diff(cuts, axis=1, prepend=0), jnp.int32)
+
+    def e8m0(key, size):
+        return jax.random.randint(jax.random.key(key), (size,), 120, 134).astype(jnp.uint8).view(mx_scales.SCALE_DTYPE)
+
+    spread = P(("x", "y"))
+    forward = (
+        (randn(21, (blocks * rows, k), E4M3), spread),
+        (randn(22, (groups, n, k), E4M3), P()),
+        (e8m0(23, blocks * mx_scales.grouped_layout_size(rows, groups, k)), spread),
+        (jnp.stack([e8m0(24 + g, mx_scales.layout_size(n, k)) for g in range(groups)]), P()),
+        (sizes, spread),
+    )
+    laid = 5 * 128  # token_tiles.padded_rows(128, 4)
+    weight_gradient = (
+        (randn(30, (k, blocks * laid), E4M3), P(None, ("x", "y"))),
+        (randn(31, (n, blocks * laid), E4M3), P(None, ("x", "y"))),
+        (e8m0(32, blocks * mx_scales.layout_size(k, laid)), spread),
+        (e8m0(33, blocks * mx_scales.layout_size(n, laid)), spread),
+        (sizes, spread),
+    )
+    for op, operands, reduces in ((scaled_ragged_dot, forward, False), (scaled_ragged_k_dot, weight_gradient, True)):
+        f = jax.jit(lambda *xs, op=op: op(*xs, out_dtype=jnp.float32))
+        placed = [put(mesh, x, s) for x, s in operands]
+        assert_close(f(*placed), f(*(x for x, _ in operands)), 1e-6)
+        gathers, all_reduces = collectives(f, *placed)
+        assert gathers == 0 and (all_reduces > 0) == reduces
