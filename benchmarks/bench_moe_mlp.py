@@ -18,7 +18,10 @@ Contenders, each the same MoEMLP layer with another `ragged_dot`:
   the blockwise fp8 recipe (`jc_fp8_ms`: `MoEMLP(..., fp8="blockwise")`, its
   three products' operands quantized on the fly; the weights stay bf16),
   and the same with the weights quantized by the one-pass kernel
-  (`jc_fp8_weight_kernel_ms`; primitives/weight_block_quantize.py);
+  (`jc_fp8_weight_kernel_ms`; primitives/weight_block_quantize.py), and
+  with --token-blocks S, routed in S blocks of tokens (`jc_blocks_ms`:
+  `MoEMLP(token_blocks=S)`'s data-parallel form on one device, [S, E]
+  group sizes, each block's products and weight-gradient partials apart);
 - tokamax: `tokamax.ragged_dot(..., implementation="mosaic")`, its default
   config (the backend MaxText picks on GPU);
 - xla: `jax.lax.ragged_dot`;
@@ -193,6 +196,30 @@ def fused_outputs(result) -> list:
     return [y, d_gate, d_up, kernel(state_grad, "down"), x_grad]
 
 
+def blocked_inputs(experts_of: np.ndarray, weights, num_experts: int, blocks: int):
+    """`routed_inputs` for each of `blocks` equal blocks of tokens, stacked:
+    order and weights [S, T/S * top_k], sizes [S, E]; the weights the same
+    per token as the whole routing's."""
+    per_block = experts_of.reshape(blocks, -1, experts_of.shape[1])
+    order = np.stack([np.argsort(b.reshape(-1), kind="stable") for b in per_block]).astype(np.int32)
+    sizes = np.stack([np.bincount(b.reshape(-1), minlength=num_experts) for b in per_block]).astype(np.int32)
+    return jnp.asarray(order), jnp.asarray(weights).reshape(blocks, -1), jnp.asarray(sizes)
+
+
+def blocked_step_fn(graph, blocks: int):
+    """step_fn's signature, the tokens routed in `blocks` blocks ([S, ...] routing)."""
+
+    def step(state, x, dy, order, weights, sizes):
+        def forward(state, x):
+            tokens = x.reshape(blocks, -1, x.shape[-1])
+            return nnx.merge(graph, state).routed(tokens, order, weights, sizes).reshape(x.shape)
+
+        y, pullback = jax.vjp(forward, state, x)
+        return y, *pullback(dy)
+
+    return step
+
+
 def step_fn(graph):
     """(state, x, dy, order, weights, sizes) -> (y, state gradient, x gradient)."""
 
@@ -283,7 +310,15 @@ def torch_layer_ms(torch, cfg, state, x, dy, experts_of, weights, sizes, iterati
 
 
 def measure(
-    cfg: Config, tokens: int, routing: str, contenders: dict, iterations: int, samples: int, others_too=True, fp8=False
+    cfg: Config,
+    tokens: int,
+    routing: str,
+    contenders: dict,
+    iterations: int,
+    samples: int,
+    others_too=True,
+    fp8=False,
+    token_blocks=1,
 ):
     row = {
         "config": cfg.name,
@@ -326,6 +361,18 @@ def measure(
         except Exception as e:
             row["jc_fused_error"] = bench_ragged.brief(e)
         fused_state = None  # its copy of the weights must not stay for the other contenders
+    if token_blocks > 1:  # the data-parallel form of the same layer, on this one device
+        row["token_blocks"], row["jc_blocks_ms"] = token_blocks, None
+        try:
+            blocked = blocked_step_fn(graph, token_blocks)
+            blocked_args = (state, x, dy, *blocked_inputs(experts_of, weights, cfg.experts, token_blocks))
+            row["jc_blocks_rel_err_vs_jc"] = err = agreement(ours, kept(named_outputs(jax.jit(blocked)(*blocked_args))))
+            if err < MAX_REL_ERR:
+                row["jc_blocks_ms"] = timer(blocked, [blocked_args], iterations)
+            else:
+                row["jc_blocks_error"] = f"wrong: relative error {err:.2e} against jax_cluster"
+        except Exception as e:
+            row["jc_blocks_error"] = bench_ragged.brief(e)
     if fp8:  # the same weights, the products in the blockwise fp8 recipe
         # jc_fp8: the weights quantized by the default form; jc_fp8_weight_kernel: by the one-pass kernel
         for key, weight_kernel in (("jc_fp8", weight_block_quantize.KERNEL_BY_DEFAULT), ("jc_fp8_weight_kernel", True)):
@@ -479,6 +526,9 @@ def main(argv=None):
         help="an earlier moe_mlp.json: its cases are kept, not measured again (a long run split over several)",
     )
     parser.add_argument("--fp8", action="store_true", help="also jax_cluster's layer in the blockwise fp8 recipe")
+    parser.add_argument(
+        "--token-blocks", type=int, default=1, help="also jax_cluster's layer routed in this many blocks of tokens"
+    )
     parser.add_argument("--xla-only", choices=sorted(XLA_PATHS), help=argparse.SUPPRESS)
     parser.add_argument("--rows-file", type=pathlib.Path, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
@@ -510,7 +560,16 @@ def main(argv=None):
     tokamax = None if why_no_tokamax else bench_ragged.tokamax_ragged_dot(None)
     contenders = {"tokamax": (tokamax, why_no_tokamax), "xla": (jax.lax.ragged_dot, None)}
     for cfg, routing in todo:
-        row = measure(cfg, tokens, routing, contenders, args.iterations, args.samples, fp8=args.fp8)
+        row = measure(
+            cfg,
+            tokens,
+            routing,
+            contenders,
+            args.iterations,
+            args.samples,
+            fp8=args.fp8,
+            token_blocks=args.token_blocks,
+        )
         rows.append(row)
         cells = " ".join(
             f"{k[:-3]} {row[k]:.3f}" if row.get(k) else f"{k[:-3]} -" for k in ("tokamax_ms", "xla_ms", "torch_ms")

@@ -58,6 +58,15 @@ def test_a_smoke_run_records_every_contender(bench, tmp_path):
     assert row["jc_fused_rel_err_vs_jc"] < 1e-2 and row["commit"]
 
 
+def test_the_token_blocked_layer_is_the_same_function(bench, tmp_path):
+    """--token-blocks: the layer routed in blocks of tokens ([S, E] sizes)
+    gives the same outputs and gradients, and is timed."""
+    args = ["--smoke", "--token-blocks", "4", "--routings", "skewed", "--configs", "smoke-a", "--iterations", "1"]
+    bench.main([*args, "--out", str(tmp_path)])
+    (row,) = json.loads((tmp_path / "moe_mlp.json").read_text())["rows"]
+    assert row["token_blocks"] == 4 and row["jc_blocks_ms"] > 0 and row["jc_blocks_rel_err_vs_jc"] < 1e-2
+
+
 @pytest.mark.parametrize("config", ["smoke-a", "smoke-c"])
 def test_the_fp8_layer_is_timed_or_says_why_not(bench, tmp_path, config):
     bench.main(["--smoke", "--fp8", "--out", str(tmp_path), "--routings", "uniform", "--configs", config])
