@@ -50,7 +50,7 @@ def partitioned_primitive(
         if sharded is None:  # the static arguments follow the operands
             sharded = custom_partitioning(whole, static_argnums=tuple(range(len(args), len(args) + len(static))))
             sharded.def_partition(
-                partition=functools.partial(_with_mesh_shardings, partition, len(static)),
+                partition=functools.partial(_with_mesh_shardings, partition),
                 sharding_rule=sharding_rule,
                 decode_shardings=False,
             )
@@ -63,14 +63,13 @@ def partitioned_primitive(
     return primitive
 
 
-def _with_mesh_shardings(partition, n_static, *args):
+def _with_mesh_shardings(partition, *args):
     """`partition` with its operands' and results' shardings as mesh axes.
     JAX's own decoding fails on a sharding that splits a mesh axis into
     sub-axes (the propagation makes them, e.g. through a reshape of a
     dimension split finer than its inner size); such an operand is taken as
     replicated here, and the rule asks for the sharding it wants."""
     *static, mesh, arg_shapes, result_shape = args
-    assert len(static) == n_static
     decoded = [_on_mesh(mesh, a) for a in arg_shapes]
     results = jax.tree.map(lambda r: _on_mesh(mesh, r), result_shape)
     return partition(*static, mesh, decoded, results)

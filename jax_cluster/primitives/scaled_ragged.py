@@ -208,10 +208,6 @@ def _by_block(a, b, scale_a, scale_b, group_sizes, problem, out_dtype, plan):
     return total.astype(out_dtype)
 
 
-def _is_mx(scale) -> bool:
-    return mx_scales.is_mx_scale(scale)
-
-
 # --------------------------------------------------------------------------- partitioning
 
 
@@ -254,7 +250,7 @@ def _sharding_rule(problem, out_dtype, plan, mesh, operand_types, result_types):
 
 def _partition(problem, out_dtype, plan, mesh, arg_shapes, result_shape):
     a, b, scale_a, _, sizes = arg_shapes
-    blocked, mx = len(sizes.shape) == 2, _is_mx(scale_a)
+    blocked, mx = len(sizes.shape) == 2, mx_scales.is_mx_scale(scale_a)
     on_a, on_b = dim_axes(a), dim_axes(b)
     blocks = (dim_axes(sizes)[0] or (on_a[0] if problem == "ragged_m" else on_a[1])) if blocked else ()
     extents = {"s": sizes.shape[0] if blocked else 1}
@@ -302,10 +298,10 @@ def _block_call(a, b, scale_a, group_sizes, problem, out_dtype) -> Call:
     blocks, groups = (group_sizes.shape[0] if group_sizes.ndim == 2 else 1), group_sizes.shape[-1]
     if problem == "ragged_m":
         return scaled_ragged_call(
-            a.shape[0] // blocks, b.shape[1], a.shape[1], groups, a.dtype, out_dtype, _is_mx(scale_a)
+            a.shape[0] // blocks, b.shape[1], a.shape[1], groups, a.dtype, out_dtype, mx_scales.is_mx_scale(scale_a)
         )
     return scaled_ragged_k_call(
-        a.shape[0], b.shape[0], a.shape[1] // blocks, groups, a.dtype, out_dtype, _is_mx(scale_a)
+        a.shape[0], b.shape[0], a.shape[1] // blocks, groups, a.dtype, out_dtype, mx_scales.is_mx_scale(scale_a)
     )
 
 
