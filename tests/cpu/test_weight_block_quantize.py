@@ -110,20 +110,24 @@ def test_the_kernel_switch_keeps_the_numbers_where_no_kernel_runs():
         np.testing.assert_array_equal(_bytes(a), _bytes(b))
 
 
-def test_the_kernel_is_off_by_default_until_measured(monkeypatch):
+def test_the_kernel_is_the_default_only_where_its_machine_code_runs(monkeypatch):
     monkeypatch.setattr(_ffi, "built_archs", lambda: ("sm90a", "sm100f"))
-    for cc in ((9, 0), (10, 0), (10, 3), (8, 0)):
-        assert not kernel_by_default(DeviceInfo("cuda", compute_capability=cc)), cc
+    for cc, runs in (((9, 0), True), ((10, 0), True), ((10, 3), True), ((8, 0), False), ((12, 0), False)):
+        assert kernel_by_default(DeviceInfo("cuda", compute_capability=cc)) is runs, cc
+    assert not kernel_by_default(DeviceInfo("cpu"))
+    monkeypatch.setattr(_ffi, "built_archs", lambda: ("sm90a",))  # a build for the H100/H200 only
+    assert not kernel_by_default(DeviceInfo("cuda", compute_capability=(10, 0)))
+    monkeypatch.setattr(_ffi, "built_archs", lambda: ("sm90a", "sm100f"))
     w = jnp.ones((1, 128, 128), jnp.bfloat16)
     text = str(jax.make_jaxpr(lambda w: quantize_weight_blocks(w, jnp.float8_e4m3fn))(w))
     assert f"use_kernel={kernel_by_default()}" in text
     hopper = DeviceInfo("cuda", compute_capability=(9, 0))
-    with kernel_default_as(True):  # a benchmark's switch: still only where the machine code runs
-        assert kernel_by_default(hopper) and not kernel_by_default(DeviceInfo("cuda", compute_capability=(12, 0)))
-        with kernel_default_as(False):
-            assert not kernel_by_default(hopper)
-        assert kernel_by_default(hopper)
-    assert not kernel_by_default(hopper)
+    with kernel_default_as(False):  # a benchmark's switch, nested
+        assert not kernel_by_default(hopper)
+        with kernel_default_as(True):  # still only where the machine code runs
+            assert kernel_by_default(hopper) and not kernel_by_default(DeviceInfo("cuda", compute_capability=(12, 0)))
+        assert not kernel_by_default(hopper)
+    assert kernel_by_default(hopper)
 
 
 def test_the_kernel_takes_only_what_one_launch_covers():
