@@ -1,6 +1,7 @@
 """Reference checks shared by the CPU and GPU tests."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -50,6 +51,24 @@ def rerun_on_8_host_devices(path: str) -> None:
 def compiled_text(f, *args) -> str:
     """The optimised HLO of jitted `f`, where the partitioner's collectives show."""
     return f.lower(*args).compile().as_text()
+
+
+def in_while_loops(hlo: str, needle: str) -> list[str]:
+    """The computations of an optimized HLO module that its while loops run
+    (bodies, conditions and all they call) whose text holds `needle`."""
+    blocks = {}
+    for block in hlo.split("\n\n"):
+        head = block.strip().split("\n", 1)[0]
+        blocks[head.removeprefix("ENTRY ").split(" ", 1)[0]] = block
+    callees = re.compile(r"(?:calls|to_apply|body|condition)=(%[\w.\-]+)")
+    todo = [m for block in blocks.values() for m in re.findall(r"(?:body|condition)=(%[\w.\-]+)", block)]
+    seen = set()
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(callees.findall(blocks.get(name, "")))
+    return sorted(name for name in seen if needle in blocks.get(name, ""))
 
 
 def rel_error(out, ref) -> float:

@@ -71,7 +71,7 @@ def test_the_token_blocked_layer_is_the_same_function(bench, tmp_path):
 def test_the_fp8_layer_is_timed_or_says_why_not(bench, tmp_path, config):
     bench.main(["--smoke", "--fp8", "--out", str(tmp_path), "--routings", "uniform", "--configs", config])
     (row,) = json.loads((tmp_path / "moe_mlp.json").read_text())["rows"]
-    for key in ("jc_fp8", "jc_fp8_weight_kernel"):  # the weights by the default form, and by the kernel
+    for key in ("jc_fp8", "jc_fp8_xla_weights"):  # the weights by the kernel where it runs, and by XLA's passes
         if config == "smoke-a":  # width 64: the recipe needs multiples of 128
             assert row[f"{key}_ms"] is None and "128" in row[f"{key}_error"]
         else:

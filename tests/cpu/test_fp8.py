@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import compiled_text, in_while_loops
 
 import jax_cluster
 from jax_cluster import _ffi
@@ -281,3 +282,32 @@ def test_the_grouped_recipe_takes_group_offset(recipe):
     # the same rows on other token tiles, so other scales: two quantizations
     # of one product (each about 4% from the unquantized one)
     assert _relative(dw, dw_alone) < 4e-2
+
+
+def test_gradient_accumulation_quantizes_the_weights_once_per_step():
+    """Micro-batches in a lax.scan over one set of weights: XLA moves the
+    weights' block quantization (its amax, f32[G, K/128, N/128]) out of the
+    loop, so it is paid once per step, not once per micro-batch."""
+    groups, k, n, rows, micro = 4, 256, 384, 512, 3
+    w = (_normal(30, (groups, k, n)) * 0.05).astype(jnp.bfloat16)
+    xs = _normal(31, (micro, rows, k)).astype(jnp.bfloat16)
+    sizes = jnp.asarray([128, 200, 0, 184], jnp.int32)
+
+    def weight_gradient(x, w):
+        return _grads(lambda x, w: fp8_grouped(x, w, sizes), x, w)[1].astype(jnp.float32)
+
+    def accumulate(w, xs):
+        def one(total, x):
+            return total + weight_gradient(x, w), None
+
+        return jax.lax.scan(one, jnp.zeros(w.shape, jnp.float32), xs)[0]
+
+    hlo = compiled_text(jax.jit(accumulate), w, xs)
+    amax = f"f32[{groups},{k // 128},{n // 128}]"
+    assert amax in hlo and " while(" in hlo
+    assert not in_while_loops(hlo, amax)
+    # the check sees a quantization that stays in the loop: weights that change per micro-batch
+    moving = jax.jit(lambda w, xs: jax.lax.map(lambda x: weight_gradient(x, w + x[0, 0]), xs))
+    assert in_while_loops(compiled_text(moving, w, xs), amax)
+    want = sum(weight_gradient(x, w) for x in xs)
+    assert _relative(jax.jit(accumulate)(w, xs), want) < 1e-5

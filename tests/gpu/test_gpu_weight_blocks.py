@@ -7,8 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import compiled_text, in_while_loops
 
 from jax_cluster.ops.fp8_training import fp8_grouped, fp8_linear
+from jax_cluster.planning.tables import FFI_TARGETS
 from jax_cluster.primitives.weight_block_quantize import kernel_default_as, quantize_weight_blocks
 
 pytestmark = pytest.mark.gpu
@@ -68,3 +70,30 @@ def test_the_recipe_is_the_same_through_either_form():
             plain = _grads(fn, x, weight)
         for a, b in zip(fused, plain):
             np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def test_gradient_accumulation_runs_the_kernel_once_per_step():
+    """Micro-batches in a lax.scan over one set of weights: the weight-block
+    kernel is hoisted out of the loop, as XLA's form is on the CPU."""
+    w = (jax.random.normal(jax.random.key(3), (4, 256, 384)) * 0.05).astype(jnp.bfloat16)
+    xs = jax.random.normal(jax.random.key(4), (3, 512, 256), jnp.bfloat16)
+    sizes = jnp.asarray([128, 200, 0, 184], jnp.int32)
+
+    def weight_gradient(x, w):
+        loss = lambda w: jnp.sum(fp8_grouped(x, w, sizes).astype(jnp.float32) ** 2)  # noqa: E731
+        return jax.grad(loss)(w).astype(jnp.float32)
+
+    def accumulate(w, xs):
+        step = lambda total, x: (total + weight_gradient(x, w), None)  # noqa: E731
+        return jax.lax.scan(step, jnp.zeros(w.shape, jnp.float32), xs)[0]
+
+    with kernel_default_as(True):
+        run = jax.jit(accumulate)
+        hlo = compiled_text(run, w, xs)
+        target = FFI_TARGETS["quantize_weight_blocks"]
+        if target not in hlo:
+            pytest.skip("the weight-block kernel does not run here")
+        assert " while(" in hlo and not in_while_loops(hlo, target)
+        got = run(w, xs)
+    want = sum(jax.jit(weight_gradient)(x, w) for x in xs)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
