@@ -22,7 +22,11 @@ Contenders, each the same MoEMLP layer with another `ragged_dot`:
   primitives/weight_block_quantize.py), and
   with --token-blocks S, routed in S blocks of tokens (`jc_blocks_ms`:
   `MoEMLP(token_blocks=S)`'s data-parallel form on one device, [S, E]
-  group sizes, each block's products and weight-gradient partials apart);
+  group sizes, each block's products and weight-gradient partials apart),
+  and with --micro-batches M, a step of M micro-batches accumulated in a
+  `lax.scan` over the same weights, per micro-batch (`jc_accum_ms`, and
+  with --fp8 `jc_fp8_accum_ms`: the weights' fp8 quantization, which XLA
+  moves out of the loop, paid once for the M);
 - tokamax: `tokamax.ragged_dot(..., implementation="mosaic")`, its default
   config (the backend MaxText picks on GPU);
 - xla: `jax.lax.ragged_dot`;
@@ -234,6 +238,28 @@ def step_fn(graph):
     return step
 
 
+def accumulated_step_fn(graph):
+    """(state, xs, dys, order, weights, sizes) -> the state gradient summed
+    over the micro-batches xs, dys [M, T, D] (one routing for all), in float32."""
+    step = step_fn(graph)
+
+    def accumulate(state, xs, dys, order, weights, sizes):
+        def one(total, batch):
+            grads = step(state, *batch, order, weights, sizes)[1]
+            return jax.tree.map(lambda t, g: t + g.astype(jnp.float32), total, grads), None
+
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state)
+        return jax.lax.scan(one, zeros, (xs, dys))[0]
+
+    return accumulate
+
+
+def micro_batches(x, dy, count: int):
+    """`count` micro-batches of the case's x and dy, each scaled apart."""
+    scale = (1.0 + 0.01 * jnp.arange(count, dtype=jnp.float32))[:, None, None]
+    return (x[None] * scale).astype(x.dtype), (dy[None] * scale).astype(dy.dtype)
+
+
 def sampled_reference(state, cfg: Config, x, experts_of, weights, samples: int):
     """A float32 evaluation of the layer for the first `samples` tokens, one
     token at a time through its own experts' weights (no grouped product)."""
@@ -320,6 +346,7 @@ def measure(
     others_too=True,
     fp8=False,
     token_blocks=1,
+    micro=0,
 ):
     row = {
         "config": cfg.name,
@@ -389,6 +416,30 @@ def measure(
                         row[f"{key}_error"] = f"wrong: relative error {err:.2e} against jax_cluster's bf16"
             except Exception as e:  # e.g. widths that are not multiples of 128
                 row[f"{key}_error"] = bench_ragged.brief(e)
+    if micro > 1:  # gradient accumulation: M micro-batches a step, per micro-batch
+        row["micro_batches"] = micro
+        xs, dys = micro_batches(x, dy, micro)
+        forms = [("jc_accum", None)] + ([("jc_fp8_accum", "blockwise")] if fp8 else [])
+        for key, recipe in forms:
+            row[f"{key}_ms"] = None
+            try:
+                layer_graph = make_layer(cfg, jax_cluster.ragged_dot, abstract=True, fp8=recipe)[0]
+                accumulate = accumulated_step_fn(layer_graph)
+                total = jax.tree.leaves(jax.jit(accumulate)(state, xs, dys, order, weights, sizes))
+                # against the same micro-batches' gradients taken one by one and summed
+                single = jax.jit(step_fn(layer_graph))
+                parts = [jax.tree.leaves(single(state, xs[i], dys[i], order, weights, sizes)[1]) for i in range(micro)]
+                summed = [sum(p[j].astype(jnp.float32) for p in parts) for j in range(len(total))]
+                row[f"{key}_rel_err_vs_sum"] = err = max(float(relative_error(t, w)) for t, w in zip(total, summed))
+                del parts, summed, total
+                if err < 1e-3:
+                    args_accum = [(state, xs, dys, order, weights, sizes)]
+                    row[f"{key}_ms"] = timer(accumulate, args_accum, iterations) / micro
+                else:
+                    row[f"{key}_error"] = f"wrong: relative error {err:.2e} against the summed micro-batches"
+            except Exception as e:
+                row[f"{key}_error"] = bench_ragged.brief(e)
+        del xs, dys
     for name, (ragged_dot, why_not) in contenders.items():
         row[f"{name}_ms"] = None
         if ragged_dot is None:
@@ -479,6 +530,9 @@ def summary(rows) -> dict:
         "geomean_speedup_fp8_xla_weights_vs_bf16": geomean(
             r["jc_ms"] / r["jc_fp8_xla_weights_ms"] for r in rows if r.get("jc_fp8_xla_weights_ms")
         ),
+        "geomean_speedup_fp8_vs_bf16_accumulated": geomean(
+            r["jc_accum_ms"] / r["jc_fp8_accum_ms"] for r in rows if r.get("jc_fp8_accum_ms") and r.get("jc_accum_ms")
+        ),
     }
 
 
@@ -530,6 +584,12 @@ def main(argv=None):
     parser.add_argument(
         "--token-blocks", type=int, default=1, help="also jax_cluster's layer routed in this many blocks of tokens"
     )
+    parser.add_argument(
+        "--micro-batches",
+        type=int,
+        default=0,
+        help="also jax_cluster's layer (and with --fp8 its fp8 recipe) accumulating this many micro-batches a step",
+    )
     parser.add_argument("--xla-only", choices=sorted(XLA_PATHS), help=argparse.SUPPRESS)
     parser.add_argument("--rows-file", type=pathlib.Path, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
@@ -570,6 +630,7 @@ def main(argv=None):
             args.samples,
             fp8=args.fp8,
             token_blocks=args.token_blocks,
+            micro=args.micro_batches,
         )
         rows.append(row)
         cells = " ".join(

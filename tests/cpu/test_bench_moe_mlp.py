@@ -87,3 +87,15 @@ def test_a_resumed_run_keeps_every_earlier_row_and_measures_only_the_rest(bench,
     rows = json.loads((second / "moe_mlp.json").read_text())["rows"]
     assert [r["config"] for r in rows] == ["smoke-a", "smoke-b"]
     assert rows[0] == earlier  # kept as it was, not measured again
+
+
+def test_accumulated_micro_batches_are_checked_and_timed(bench, tmp_path):
+    """--micro-batches: the layer (and its fp8 recipe) accumulating a step's
+    micro-batches in a scan agrees with their gradients summed one by one,
+    and is timed per micro-batch."""
+    args = ["--smoke", "--fp8", "--micro-batches", "3", "--routings", "skewed", "--configs", "smoke-c"]
+    bench.main([*args, "--iterations", "1", "--out", str(tmp_path)])
+    (row,) = json.loads((tmp_path / "moe_mlp.json").read_text())["rows"]
+    assert row["micro_batches"] == 3
+    for key in ("jc_accum", "jc_fp8_accum"):
+        assert row[f"{key}_ms"] > 0 and row[f"{key}_rel_err_vs_sum"] < 1e-3, row
