@@ -158,7 +158,7 @@ for part in ${STEPS:-tests bench grid}; do
              JAX_CLUSTER_SANITIZE_LOGS="$LOGS" "$PYTEST" -q -rs -p no:cacheprovider -k weight_block tests/gpu/test_gpu_sanitizer.py
              "$PY" benchmarks/bench_fp8_weights.py --out "$LOGS"
              PYTHONPATH=$PWD/tests/stubs:${PYTHONPATH:-} "$PY" benchmarks/bench_moe_mlp.py --out "$LOGS" --fp8 \
-               ${WEIGHTS_MOE_ARGS:---configs mixtral-8x22b,deepseek-v3 --routings skewed}; } 2>&1 | tee "$LOGS/fp8_weights.log" | tail -40 ;;
+               ${WEIGHTS_MOE_ARGS:---configs mixtral-8x22b,deepseek-v3 --routings skewed --micro-batches 4}; } 2>&1 | tee "$LOGS/fp8_weights.log" | tail -40 ;;
     train) step "examples: train_block at both sizes (jax_cluster vs flax) and expert_parallel"
            { "$PY" examples/train_block.py --out "$LOGS"
              "$PY" examples/train_block.py --size medium --steps ${MEDIUM_STEPS:-100} --out "$LOGS"
