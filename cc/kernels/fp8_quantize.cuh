@@ -2,7 +2,10 @@
 // the numbers of its primitive's XLA form (primitives/fp8_scaling.py): the
 // scale is amax times the float32 reciprocal of the format's largest value
 // (1 for an all-zero or NaN block), the values x times rcp.approx(scale),
-// clipped to the format and rounded to nearest even.
+// clipped to the format and rounded to nearest even. The kernels only
+// stream, so beside the bytes their cost is what they issue per value: the
+// helpers take values two at a time where the hardware does (packed amax,
+// paired conversions).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,6 +13,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/fp8_quantize.h"
 
@@ -24,17 +28,41 @@ template <class Out>
 struct Format;
 template <>
 struct Format<__nv_fp8_e4m3> {
-  static constexpr float kLargest = 448.0f;
   static constexpr float kInverse = float(1.0 / 448.0);
+  static constexpr __nv_fp8_interpretation_t kKind = __NV_E4M3;
 };
 template <>
 struct Format<__nv_fp8_e5m2> {
-  static constexpr float kLargest = 57344.0f;
   static constexpr float kInverse = float(1.0 / 57344.0);
+  static constexpr __nv_fp8_interpretation_t kKind = __NV_E5M2;
 };
 
-// max that keeps a NaN, as jnp.max does
-__device__ inline float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
+// max that keeps a NaN, as jnp.max does (one FMNMX.NAN)
+__device__ inline float nan_max(float a, float b) {
+  float m;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(a), "f"(b));
+  return m;
+}
+
+// The NaN-keeping max of |v| over a 16-byte vector of In and `amax`. bf16
+// and f16 pairs are compared packed: the largest magnitude of a type is
+// exact in it, so converting it last gives the float32 amax.
+template <class In>
+__device__ inline float abs_max(const uint4& v, float amax) {
+  if constexpr (sizeof(In) == 4) {
+    const float* f = reinterpret_cast<const float*>(&v);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) amax = nan_max(amax, fabsf(f[e]));
+    return amax;
+  } else {
+    using Pair = std::conditional_t<std::is_same_v<In, __half>, __half2, __nv_bfloat162>;
+    const Pair* p = reinterpret_cast<const Pair*>(&v);
+    Pair m = __habs2(p[0]);
+#pragma unroll
+    for (int e = 1; e < 4; ++e) m = __hmax2_nan(m, __habs2(p[e]));
+    return nan_max(amax, nan_max(to_float(m.x), to_float(m.y)));
+  }
+}
 
 template <class Out>
 __device__ inline float scale_of(float amax) {
@@ -49,12 +77,22 @@ __device__ inline float inverse_of(float scale) {
   return inverse;
 }
 
+// x and y scaled and rounded to nearest even, x in the low byte. The
+// conversion's satfinite takes what lies past the format's largest value to
+// it, as XLA's clip before its conversion does, and keeps a NaN.
 template <class Out>
-__device__ inline uint8_t quantized(float x, float inverse) {
-  constexpr float kLargest = Format<Out>::kLargest;
-  float v = x * inverse;
-  v = v > kLargest ? kLargest : (v < -kLargest ? -kLargest : v);  // a NaN stays NaN
-  return Out(v).__x;                                              // round to nearest even
+__device__ inline uint16_t quantized_pair(float x, float y, float inverse) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(x * inverse, y * inverse), __NV_SATFINITE,
+                                  Format<Out>::kKind);
+}
+
+// The fp8 bytes of a 16-byte vector of In, in order, as pairs.
+template <class Out, class In>
+__device__ inline void quantized_vector(const uint4& v, float inverse, uint16_t* pairs) {
+  const In* e = reinterpret_cast<const In*>(&v);
+#pragma unroll
+  for (int i = 0; i < 16 / int(sizeof(In)); i += 2)
+    pairs[i / 2] = quantized_pair<Out>(to_float(e[i]), to_float(e[i + 1]), inverse);
 }
 
 // 32 staged rows of one column, from `first_row` on, quantized and written
@@ -63,12 +101,13 @@ __device__ inline uint8_t quantized(float x, float inverse) {
 template <class Out, class In, int kRows, int kColumns>
 __device__ inline void store_column_rows(const In (&tile)[kRows][kColumns], int first_row,
                                          int column, float inverse, uint8_t* dst) {
-  __align__(16) uint8_t bytes[32];
+  __align__(16) uint16_t pairs[16];
 #pragma unroll
-  for (int i = 0; i < 32; ++i)
-    bytes[i] = quantized<Out>(to_float(tile[first_row + i][column]), inverse);
-  reinterpret_cast<uint4*>(dst)[0] = reinterpret_cast<const uint4*>(bytes)[0];
-  reinterpret_cast<uint4*>(dst)[1] = reinterpret_cast<const uint4*>(bytes)[1];
+  for (int i = 0; i < 32; i += 2)
+    pairs[i / 2] = quantized_pair<Out>(to_float(tile[first_row + i][column]),
+                                       to_float(tile[first_row + i + 1][column]), inverse);
+  reinterpret_cast<uint4*>(dst)[0] = reinterpret_cast<const uint4*>(pairs)[0];
+  reinterpret_cast<uint4*>(dst)[1] = reinterpret_cast<const uint4*>(pairs)[1];
 }
 
 // The launch of `Kernel<In, Out>` for the request's element types.

@@ -54,10 +54,7 @@ __global__ void __launch_bounds__(kThreads)
 
   float amax = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kLoads; ++i)
-#pragma unroll
-    for (int e = 0; e < kVec; ++e)
-      amax = fp8::nan_max(amax, fabsf(fp8::to_float(reinterpret_cast<const In*>(&loaded[i])[e])));
+  for (int i = 0; i < kLoads; ++i) amax = fp8::abs_max<In>(loaded[i], amax);
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2)
     amax = fp8::nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
@@ -71,12 +68,10 @@ __global__ void __launch_bounds__(kThreads)
 
 #pragma unroll
   for (int i = 0; i < kLoads; ++i) {  // values_kn: each slice where it lies
-    __align__(8) uint8_t bytes[kVec];
-#pragma unroll
-    for (int e = 0; e < kVec; ++e)
-      bytes[e] =
-          fp8::quantized<Out>(fp8::to_float(reinterpret_cast<const In*>(&loaded[i])[e]), inverse);
-    store_bytes<kVec>(values_kn + block_origin + (first + i * kRowStep) * n + slice * kVec, bytes);
+    __align__(8) uint16_t pairs[kVec / 2];
+    fp8::quantized_vector<Out, In>(loaded[i], inverse, pairs);
+    store_bytes<kVec>(values_kn + block_origin + (first + i * kRowStep) * n + slice * kVec,
+                      reinterpret_cast<const uint8_t*>(pairs));
   }
 
   constexpr int kSlicesStaged = kStaged / kVec;

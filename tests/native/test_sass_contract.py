@@ -194,18 +194,23 @@ def test_gated_epilogue_stores_from_registers_with_fast_activations(v, sass_by_v
 # The fp8 quantization kernels outside the menu (kernels/*_quantize.cu): one
 # instantiation per input (bf16, f16, f32) and output (e4m3, e5m2) format, in
 # every arch the extension is built for, each moving 16 bytes per load or
-# store where the design says so and none spilling.
+# store where the design says so, none spilling, and spending one
+# instruction on a NaN-keeping max and one conversion on two values.
 QUANTIZE_KERNELS = {
     "quantize_weight_blocks_kernel": {
         r"\bLDG\.E\.128\b": "16-byte loads of the weights' rows",
         r"\bSTG\.E\.128\b": "16-byte stores of the transposed copy's columns",
         r"\bSHFL\.BFLY\b": "the block amax reduced across the warp",
+        r"\bFMNMX\.NAN\b": "the NaN-keeping amax as one instruction",
     },
     "quantize_token_tiles_kernel": {
         r"\bLDG\.E\.128\b": "16-byte loads of the rows",
         r"\bSTG\.E\.128\b": "16-byte stores of each column's fp8 values",
+        r"\bFMNMX\.NAN\b": "the NaN-keeping amax as one instruction",
     },
 }
+# an fp8 conversion with a zero for one of its pair: a value converted alone
+SINGLE_CONVERSION = re.compile(r"\bF2FP\.SATFINITE\.E[45]M[23]\.F32\.PACK_AB\S*\s+R\d+,\s*RZ,")
 
 
 @pytest.fixture(scope="module")
@@ -231,3 +236,4 @@ def test_quantization_kernels_move_16_bytes_and_do_not_spill(kernel, quantize_sa
             missing = [why for pattern, why in QUANTIZE_KERNELS[kernel].items() if not re.search(pattern, text)]
             assert not missing, f"{kernel} on {arch} lacks: " + "; ".join(missing)
             assert not re.search(r"\b(LDL|STL)\b", text), f"{kernel} on {arch} spills to local memory"
+            assert not SINGLE_CONVERSION.search(text), f"{kernel} on {arch} converts values to fp8 one at a time"
