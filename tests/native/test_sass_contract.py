@@ -195,18 +195,19 @@ def test_gated_epilogue_stores_from_registers_with_fast_activations(v, sass_by_v
 # instantiation per input (bf16, f16, f32) and output (e4m3, e5m2) format, in
 # every arch the extension is built for, each moving 16 bytes per load or
 # store where the design says so, none spilling, and spending one
-# instruction on a NaN-keeping max and one conversion on two values.
+# instruction on a NaN-keeping max (FMNMX3 on sm_100 takes three values) and
+# one conversion on two values.
 QUANTIZE_KERNELS = {
     "quantize_weight_blocks_kernel": {
         r"\bLDG\.E\.128\b": "16-byte loads of the weights' rows",
         r"\bSTG\.E\.128\b": "16-byte stores of the transposed copy's columns",
         r"\bSHFL\.BFLY\b": "the block amax reduced across the warp",
-        r"\bFMNMX\.NAN\b": "the NaN-keeping amax as one instruction",
+        r"\bFMNMX3?\.NAN\b": "the NaN-keeping amax as one instruction",
     },
     "quantize_token_tiles_kernel": {
         r"\bLDG\.E\.128\b": "16-byte loads of the rows",
         r"\bSTG\.E\.128\b": "16-byte stores of each column's fp8 values",
-        r"\bFMNMX\.NAN\b": "the NaN-keeping amax as one instruction",
+        r"\bFMNMX3?\.NAN\b": "the NaN-keeping amax as one instruction",
     },
 }
 # an fp8 conversion with a zero for one of its pair: a value converted alone
