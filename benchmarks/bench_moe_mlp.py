@@ -432,13 +432,12 @@ def measure(
                 for i in range(micro):
                     part = [
                         p.astype(jnp.float32)
-                        for p in kept(jax.tree.leaves(single(state, xs[i], dys[i], *args[0][3:])[1]))
+                        for p in kept(jax.tree.leaves(single(state, xs[i], dys[i], order, weights, sizes)[1]))
                     ]
                     summed = part if summed is None else [a + b for a, b in zip(summed, part)]
                 row[f"{key}_rel_err_vs_sum"] = err = max(float(relative_error(t, w)) for t, w in zip(total, summed))
                 if err < 1e-2:  # the sum rounded to bf16 each micro-batch
-                    args_accum = [(state, xs, dys, order, weights, sizes)]
-                    row[f"{key}_ms"] = timer(accumulate, args_accum, iterations) / micro
+                    row[f"{key}_ms"] = timer(accumulate, [(state, xs, dys, order, weights, sizes)], iterations) / micro
                 else:
                     row[f"{key}_error"] = f"wrong: relative error {err:.2e} against the summed micro-batches"
             except Exception as e:

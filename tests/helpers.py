@@ -48,6 +48,23 @@ def rerun_on_8_host_devices(path: str) -> None:
     assert " passed" in run.stdout and "skipped" in run.stdout  # the launcher itself skips
 
 
+def check_kernel_default_by_arch(kernel_by_default, monkeypatch) -> None:
+    """A quantization kernel's kernel_by_default holds on the compute
+    capabilities the extension's archs run (9.0 by sm_90a, 10.0 and 10.3 by
+    sm_100f) and nowhere else, nor on a build that lacks the arch. Leaves
+    the build described as having both archs."""
+    from jax_cluster import _ffi
+    from jax_cluster.planning.device import DeviceInfo
+
+    monkeypatch.setattr(_ffi, "built_archs", lambda: ("sm90a", "sm100f"))
+    for cc, runs in (((9, 0), True), ((10, 0), True), ((10, 3), True), ((8, 0), False), ((12, 0), False)):
+        assert kernel_by_default(DeviceInfo("cuda", compute_capability=cc)) is runs, cc
+    assert not kernel_by_default(DeviceInfo("cpu"))
+    monkeypatch.setattr(_ffi, "built_archs", lambda: ("sm90a",))  # a build for the H100/H200 only
+    assert not kernel_by_default(DeviceInfo("cuda", compute_capability=(10, 0)))
+    monkeypatch.setattr(_ffi, "built_archs", lambda: ("sm90a", "sm100f"))
+
+
 def compiled_text(f, *args) -> str:
     """The optimised HLO of jitted `f`, where the partitioner's collectives show."""
     return f.lower(*args).compile().as_text()

@@ -9,9 +9,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers import check_kernel_default_by_arch
 
-from jax_cluster import _ffi
-from jax_cluster.planning.device import DeviceInfo
 from jax_cluster.primitives import token_tiles
 from jax_cluster.primitives.token_tile_quantize import kernel_by_default, quantize_token_tiles
 
@@ -72,12 +71,7 @@ def test_the_kernel_switch_keeps_the_numbers_where_no_kernel_runs():
 
 
 def test_the_kernel_is_the_default_only_where_its_machine_code_runs(monkeypatch):
-    monkeypatch.setattr(_ffi, "built_archs", lambda: ("sm90a", "sm100f"))
-    for cc, runs in (((9, 0), True), ((10, 0), True), ((10, 3), True), ((8, 0), False), ((12, 0), False)):
-        assert kernel_by_default(DeviceInfo("cuda", compute_capability=cc)) is runs, cc
-    assert not kernel_by_default(DeviceInfo("cpu"))
-    monkeypatch.setattr(_ffi, "built_archs", lambda: ("sm90a",))  # a build for the H100/H200 only
-    assert not kernel_by_default(DeviceInfo("cuda", compute_capability=(10, 0)))
+    check_kernel_default_by_arch(kernel_by_default, monkeypatch)
     # the default binds what kernel_by_default says for the default device
     x, sizes = jnp.ones((128, 64), jnp.bfloat16), jnp.asarray([128], jnp.int32)
     text = str(jax.make_jaxpr(lambda x, s: quantize_token_tiles(x, s, 128, jnp.float8_e4m3fn))(x, sizes))

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers import check_kernel_default_by_arch
 
-from jax_cluster import _ffi
 from jax_cluster.ops.quantize import WEIGHT_BLOCK, dequantize, quantize, quantize_weight
 from jax_cluster.planning.device import DeviceInfo
 from jax_cluster.primitives.weight_block_quantize import (
@@ -111,13 +111,7 @@ def test_the_kernel_switch_keeps_the_numbers_where_no_kernel_runs():
 
 
 def test_the_kernel_is_the_default_only_where_its_machine_code_runs(monkeypatch):
-    monkeypatch.setattr(_ffi, "built_archs", lambda: ("sm90a", "sm100f"))
-    for cc, runs in (((9, 0), True), ((10, 0), True), ((10, 3), True), ((8, 0), False), ((12, 0), False)):
-        assert kernel_by_default(DeviceInfo("cuda", compute_capability=cc)) is runs, cc
-    assert not kernel_by_default(DeviceInfo("cpu"))
-    monkeypatch.setattr(_ffi, "built_archs", lambda: ("sm90a",))  # a build for the H100/H200 only
-    assert not kernel_by_default(DeviceInfo("cuda", compute_capability=(10, 0)))
-    monkeypatch.setattr(_ffi, "built_archs", lambda: ("sm90a", "sm100f"))
+    check_kernel_default_by_arch(kernel_by_default, monkeypatch)
     w = jnp.ones((1, 128, 128), jnp.bfloat16)
     text = str(jax.make_jaxpr(lambda w: quantize_weight_blocks(w, jnp.float8_e4m3fn))(w))
     assert f"use_kernel={kernel_by_default()}" in text
