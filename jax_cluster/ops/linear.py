@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_cluster.planning.tables import ACTIVATIONS
-from jax_cluster.primitives.activations import activation_fn
+from jax_cluster.primitives.activations import activation_fn, epilogue_in_dtype
 from jax_cluster.primitives.epilogue import gemm_epilogue
 from jax_cluster.primitives.gemm import gemm
 
@@ -92,10 +92,7 @@ def _linear(config, x, kernel, bias, residual):
 def _pre_activation(z0, bias, residual, alpha, beta):
     """alpha * z0 + beta * residual + bias on XLA, in z0's dtype, as Flax's own
     bias add; XLA fuses it into each pass that reads z."""
-    z = z0 if alpha == 1.0 else (alpha * z0).astype(z0.dtype)
-    if residual is not None:
-        z = z + (residual if beta == 1.0 else (beta * residual).astype(z0.dtype))
-    return z if bias is None else z + bias
+    return epilogue_in_dtype(z0, bias, residual, alpha=alpha, beta=beta, activation="none")
 
 
 def _linear_fwd(config, x, kernel, bias, residual):
@@ -109,7 +106,7 @@ def _linear_fwd(config, x, kernel, bias, residual):
         return y, (x, kernel, None, bias, present)
     z0 = gemm(x, kernel, a_major="k", b_major=b_major, out_dtype=out_dtype)
     # act in z's dtype, as the backward below; XLA computes z inside that pass
-    y = activation_fn(activation)(_pre_activation(z0, bias, residual, alpha, beta))
+    y = epilogue_in_dtype(z0, bias, residual, alpha=alpha, beta=beta, activation=activation)
     return y, (x, kernel, z0, bias, residual)
 
 

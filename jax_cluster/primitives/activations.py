@@ -29,6 +29,20 @@ def activation_fn(name: str):
     return _XLA_ACTIVATIONS[name]
 
 
+def epilogue_in_dtype(z, bias, residual, *, alpha, beta, activation):
+    """act(alpha * z + beta * residual + bias) in z's dtype, added as Flax's
+    nnx.Linear adds its bias, so XLA fuses it as it fuses Flax's layer (into
+    cuBLAS's epilogue or the next elementwise pass); bias or residual None
+    when absent."""
+    if alpha != 1.0:
+        z = (alpha * z).astype(z.dtype)
+    if residual is not None:
+        z = z + (residual if beta == 1.0 else (beta * residual).astype(z.dtype))
+    if bias is not None:
+        z = z + bias
+    return activation_fn(activation)(z)
+
+
 def apply_epilogue(z, bias, c, *, alpha, beta, activation, out_dtype):
     """act(alpha * z + beta * C + bias) in float32 from a float32 product z;
     an empty bias or C is absent."""

@@ -19,7 +19,7 @@ from jax_cluster.planning import routing
 from jax_cluster.planning.plan import Plan
 from jax_cluster.planning.tables import ACTIVATIONS, FFI_TARGETS, SCALE_BLOCK
 from jax_cluster.primitives import mx_scales, token_tiles
-from jax_cluster.primitives.activations import activation_fn, apply_epilogue
+from jax_cluster.primitives.activations import activation_fn, apply_epilogue, epilogue_in_dtype
 from jax_cluster.primitives.operands import deinterleave, gemm_dims, ragged_out_shape
 from jax_cluster.primitives.registry import local_primitive
 
@@ -93,17 +93,19 @@ def xla_gemm_padded_k(a, b, *, a_major, b_major, out_dtype, plan):
     )
 
 
+def routed_xla_gemm(a, b, *, a_major, b_major, out_dtype, plan):
+    """XLA's dot on a GPU where no kernel runs the call: the product in the
+    output dtype (cuBLAS accumulates in fp32 and rounds once), an fp32 result
+    only for the dots XLA would degrade, and a K = 1 product padded to K = 2."""
+    batch, m, n, k, _ = gemm_dims(a.shape, b.shape, a_major, b_major)
+    if routing.pads_unit_k(m, n, k, math.prod(batch), a.dtype):
+        return xla_gemm_padded_k(a, b, a_major=a_major, b_major=b_major, out_dtype=out_dtype, plan=plan)
+    return xla_gemm(a, b, a_major=a_major, b_major=b_major, out_dtype=out_dtype, plan=plan, wide=_degenerate(m, n, k))
+
+
 def _gemm_cuda_lowering(ctx, a, b, *, a_major, b_major, out_dtype, plan: Plan):
     if not _runs_kernel(plan):
-        batch, m, n, k, _ = gemm_dims(ctx.avals_in[0].shape, ctx.avals_in[1].shape, a_major, b_major)
-        if routing.pads_unit_k(m, n, k, math.prod(batch), ctx.avals_in[0].dtype):
-            fallback = functools.partial(
-                xla_gemm_padded_k, a_major=a_major, b_major=b_major, out_dtype=out_dtype, plan=plan
-            )
-        else:
-            fallback = functools.partial(
-                xla_gemm, a_major=a_major, b_major=b_major, out_dtype=out_dtype, plan=plan, wide=_degenerate(m, n, k)
-            )
+        fallback = functools.partial(routed_xla_gemm, a_major=a_major, b_major=b_major, out_dtype=out_dtype, plan=plan)
         return mlir.lower_fun(fallback, multiple_results=False)(ctx, a, b)
     return lower_kernel_call(ctx, FFI_TARGETS["gemm"], plan, a, b)
 
@@ -127,10 +129,23 @@ def xla_epilogue(a, b, bias, c, *, b_major, out_dtype, alpha, beta, activation, 
     return apply_epilogue(z, bias, c, alpha=alpha, beta=beta, activation=activation, out_dtype=out_dtype)
 
 
+def routed_xla_epilogue(a, b, bias, c, *, b_major, out_dtype, alpha, beta, activation, plan):
+    """XLA's path on a GPU where no kernel runs the call: the graph behind
+    nnx.Linear and its activation, XLA's dot in the output dtype and the
+    epilogue in it, which XLA fuses as it fuses Flax's layer. An fp32 product
+    (`xla_epilogue`) would write twice D's bytes and add a pass for the bias:
+    a routed layer would lose to the Flax layer it replaces."""
+    z = routed_xla_gemm(a, b, a_major="k", b_major=b_major, out_dtype=out_dtype, plan=plan)
+    bias, c = (x if x.size else None for x in (bias, c))  # a zero-size placeholder is absent
+    return epilogue_in_dtype(z, bias, c, alpha=alpha, beta=beta, activation=activation)
+
+
 def _epilogue_cuda_lowering(ctx, a, b, bias, c, *, b_major, out_dtype, alpha, beta, activation, plan: Plan):
     if not _runs_kernel(plan):
         params = dict(b_major=b_major, out_dtype=out_dtype, alpha=alpha, beta=beta, activation=activation, plan=plan)
-        return mlir.lower_fun(functools.partial(xla_epilogue, **params), multiple_results=False)(ctx, a, b, bias, c)
+        return mlir.lower_fun(functools.partial(routed_xla_epilogue, **params), multiple_results=False)(
+            ctx, a, b, bias, c
+        )
     return lower_kernel_call(
         ctx,
         FFI_TARGETS["gemm_epilogue"],
