@@ -12,6 +12,7 @@ from jax import lax
 
 from jax_cluster.ops.dense import dot_general as cluster_dot_general
 from jax_cluster.ops.linear import linear
+from jax_cluster.ops.precision import check_precision, needs_xla
 from jax_cluster.primitives.activations import activation_fn
 
 
@@ -20,7 +21,8 @@ class Dense(linen.Dense):
     tree ({'kernel': [in, out], 'bias': [out]}). With the default
     `dot_general`, the product, the bias and `activation` (a field Flax does
     not have; "none" by default) run as one `jax_cluster.linear` kernel; any
-    other `dot_general` or `dot_general_cls` computes as Flax does."""
+    other `dot_general` or `dot_general_cls`, or a `precision` for inputs
+    wider than 16 bits, computes as Flax does."""
 
     dot_general: Any = cluster_dot_general
     activation: str = "none"
@@ -31,7 +33,12 @@ class Dense(linen.Dense):
         bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else None
         inputs, kernel, bias = self.promote_dtype(inputs, kernel, bias, dtype=self.dtype)
         act = activation_fn(self.activation)
-        if self.dot_general_cls is None and self.dot_general is cluster_dot_general:
+        if (
+            self.dot_general_cls is None
+            and self.dot_general is cluster_dot_general
+            and not needs_xla(self.precision, inputs.dtype)
+        ):
+            check_precision("jax_cluster.nn.Dense", self.precision)
             return linear(inputs, kernel, bias, activation=self.activation)
         product = self.dot_general_cls() if self.dot_general_cls is not None else self.dot_general or lax.dot_general
         y = product(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())), precision=self.precision)

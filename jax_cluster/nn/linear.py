@@ -9,6 +9,7 @@ from flax import nnx
 from jax_cluster.ops.dense import dot_general as cluster_dot_general
 from jax_cluster.ops.fp8_training import check_recipe, fp8_linear
 from jax_cluster.ops.linear import linear
+from jax_cluster.ops.precision import check_precision, needs_xla
 from jax_cluster.primitives.activations import activation_fn
 
 
@@ -20,8 +21,9 @@ class Linear(nnx.Linear):
     With the default `dot_general`, the product, the bias and `activation`
     ("none", "relu", "gelu", "gelu_exact", "silu"; not a Flax argument) run as
     one `jax_cluster.linear` kernel with a fused epilogue. Any other
-    `dot_general`, an `out_sharding` or a `preferred_element_type` takes
-    Flax's own path (the activation then runs after it).
+    `dot_general`, an `out_sharding`, a `preferred_element_type` or a
+    `precision` for inputs wider than 16 bits takes Flax's own path (the
+    activation then runs after it).
 
     `fp8="blockwise"` (DeepSeek-V3's 1x128 / 128x128 blocks) or `"mxfp8"`
     (e8m0 scales per 32 values) runs the forward product and both backward
@@ -46,19 +48,18 @@ class Linear(nnx.Linear):
         self.activation, self.fp8 = activation, fp8
 
     def __call__(self, inputs, out_sharding=None):
+        kernel = self.kernel[...]
+        bias = self.bias[...] if self.bias is not None else None
+        promoted, kernel, bias = self.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
         if self.fp8 is not None:
-            kernel = self.kernel[...]
-            bias = self.bias[...] if self.bias is not None else None
-            inputs, kernel, bias = self.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
-            y = fp8_linear(inputs, kernel, self.fp8)
+            y = fp8_linear(promoted, kernel, self.fp8)
             return activation_fn(self.activation)(y if bias is None else y + bias)
         if (
             self.dot_general is not cluster_dot_general
             or out_sharding is not None
             or getattr(self, "preferred_element_type", None) is not None
+            or needs_xla(self.precision, promoted.dtype)
         ):
             return activation_fn(self.activation)(super().__call__(inputs, out_sharding=out_sharding))
-        kernel = self.kernel[...]
-        bias = self.bias[...] if self.bias is not None else None
-        inputs, kernel, bias = self.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
-        return linear(inputs, kernel, bias, activation=self.activation)
+        check_precision("jax_cluster.nn.Linear", self.precision)
+        return linear(promoted, kernel, bias, activation=self.activation)

@@ -10,6 +10,7 @@ from jax import lax
 
 from jax_cluster.ops import output_sharding
 from jax_cluster.ops.fp8_dense import scaled_product
+from jax_cluster.ops.precision import check_precision, needs_xla
 from jax_cluster.ops.quantize import dequantize, quantized_operands
 from jax_cluster.planning.call import Call
 from jax_cluster.planning.dense import plan_gemm
@@ -33,7 +34,9 @@ def matmul(a, b, *, out_dtype=None, plan: Plan | None = None, precision=None, pr
     the promoted input dtype; accumulation is fp32. `plan` pins the choices
     (see `jax_cluster.plan`); it must be made for the call's flattened problem.
     Whatever the kernels' primitive does not take (integers, float64,
-    complex) is `jnp.matmul`, with `precision` passed on.
+    complex), and a `precision` asked of inputs wider than 16 bits, is
+    `jnp.matmul` with `precision` passed on (bf16 and fp16 products are exact
+    in the kernels' fp32 accumulators, so there it changes nothing).
 
     Block-scaled fp8 operands (`jax_cluster.quantize`: a in (1, 128) blocks,
     b [K, N] in (128, 128)) give a bfloat16 result by default. They run on
@@ -42,6 +45,7 @@ def matmul(a, b, *, out_dtype=None, plan: Plan | None = None, precision=None, pr
     b_major="k")` pins it); elsewhere they are dequantized to bfloat16 and
     run the bf16 path (with `plan`, if one is given for it).
     """
+    check_precision("jax_cluster.matmul", precision)
     fp8 = quantized_operands("jax_cluster.matmul", a, b)
     if fp8 is not None:
         out = out_dtype if out_dtype is not None else preferred_element_type
@@ -60,7 +64,7 @@ def matmul(a, b, *, out_dtype=None, plan: Plan | None = None, precision=None, pr
         raise ValueError("jax_cluster.matmul: out_dtype and preferred_element_type disagree; pass one")
     out_dtype = out_dtype if out_dtype is not None else preferred_element_type
     dtype = jnp.result_type(a, b)
-    if a.ndim == 0 or b.ndim == 0 or not _primitive_takes(dtype, out_dtype):
+    if a.ndim == 0 or b.ndim == 0 or not _primitive_takes(dtype, out_dtype) or needs_xla(precision, dtype):
         return jnp.matmul(a, b, precision=precision, preferred_element_type=out_dtype)
     a, b = a.astype(dtype), b.astype(dtype)
     squeeze = []
@@ -123,9 +127,9 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     """Drop-in for `lax.dot_general` (and Flax's `dot_general=` hook).
 
     Dots with one contracting dimension and leading batch dimensions run on
-    the kernel; every other form, mixed input dtypes and dtypes the kernels'
-    primitive does not take (integers, float64, complex) go to
-    `lax.dot_general` unchanged. `out_sharding` (which `nnx.Linear` passes,
+    the kernel; every other form, mixed input dtypes, dtypes the kernels'
+    primitive does not take (integers, float64, complex) and a `precision`
+    asked of inputs wider than 16 bits go to `lax.dot_general` unchanged. `out_sharding` (which `nnx.Linear` passes,
     None by default) is applied to the kernel's output; only when it is given
     and a mesh with explicit axes is set or typed into the operands does the
     call go to `lax.dot_general`, which types the sharding.
@@ -135,6 +139,7 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     axis, rhs [K, N] or [N, K] in (128, 128) blocks, no batch dimensions;
     the result is bfloat16 by default and runs as in `matmul`.
     """
+    check_precision("jax_cluster.dot_general", precision)
     fp8 = quantized_operands("jax_cluster.dot_general", lhs, rhs)
     if fp8 is not None:
         _check_fp8_form(fp8[0].qvalue.ndim, fp8[1].qvalue.ndim, dimension_numbers)
@@ -147,7 +152,11 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
         return dot_general(*values, dimension_numbers, precision, out, out_sharding)
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     mapped = None
-    takes = lhs.dtype == rhs.dtype and _primitive_takes(lhs.dtype, preferred_element_type)
+    takes = (
+        lhs.dtype == rhs.dtype
+        and _primitive_takes(lhs.dtype, preferred_element_type)
+        and not needs_xla(precision, lhs.dtype)
+    )
     if takes and not output_sharding.explicit_mesh(lhs, rhs, out_sharding):
         mapped = _as_gemm(lhs, rhs, dimension_numbers)
     if mapped is None:

@@ -7,6 +7,7 @@ from jax import lax
 
 from jax_cluster.ops import output_sharding
 from jax_cluster.ops.fp8_grouped import scaled_grouped_product
+from jax_cluster.ops.precision import check_precision, needs_xla
 from jax_cluster.ops.quantize import dequantize, quantized_operands
 from jax_cluster.planning.plan import Plan
 from jax_cluster.primitives.activations import activation_fn
@@ -60,7 +61,7 @@ def ragged_dot(
     callable, applied to the product (as tokamax's `activation=`); it runs on
     XLA after the grouped GEMM, not yet in its epilogue.
 
-    `group_offset` (an integer scalar, for expert parallelism): group_sizes
+    `group_offset` (an integer scalar or (1,) array, for expert parallelism): group_sizes
     holds all G groups and rhs only the G_local = rhs.shape[0] groups from
     `group_offset` on. Rows of group g in [offset, offset + G_local) multiply
     rhs[g - offset]; every other row of the output is zero, and so are their
@@ -84,6 +85,7 @@ def ragged_dot(
     this call: plan_ragged(M, N, K, G, problem="ragged_m", b_major="n" for
     "gkn" or "k" for "gnk", ..., route="kernel" to skip the routing).
     """
+    check_precision(_WHO, precision)
     quantized = quantized_operands(_WHO, lhs, rhs)
     if quantized is not None:  # per group, rhs's (128, 128) blocks tile its own [K, N] (or [N, K])
         out = preferred_element_type if preferred_element_type is not None else jnp.bfloat16
@@ -124,7 +126,7 @@ def ragged_dot(
     if (
         jnp.dtype(dtype) not in SUPPORTED_DTYPES
         or (preferred_element_type is not None and jnp.dtype(preferred_element_type) not in SUPPORTED_DTYPES)
-        or (precision is not None and jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16))
+        or needs_xla(precision, dtype)
     ):
         out = _lax_ragged_dot(lhs, rhs, sizes, rhs_layout, precision, preferred_element_type)
     else:
@@ -194,9 +196,12 @@ def _local_groups(sizes, group_offset, local, rows):
     group, which the product leaves zero."""
     blocked = sizes.reshape(-1, sizes.shape[-1])
     total = blocked.shape[-1]
-    offset = jnp.asarray(group_offset, jnp.int32)
-    if offset.ndim != 0:
-        raise ValueError(f"{_WHO}: group_offset must be a scalar, got shape {offset.shape}")
+    offset = jnp.asarray(group_offset)
+    if not jnp.issubdtype(offset.dtype, jnp.integer):
+        raise TypeError(f"{_WHO}: group_offset must be an integer, got {offset.dtype}")
+    if offset.shape not in ((), (1,)):  # lax.ragged_dot documents a (1,) array
+        raise ValueError(f"{_WHO}: group_offset must be a scalar or of shape (1,), got shape {offset.shape}")
+    offset = offset.reshape(()).astype(jnp.int32)
     if local > total:
         raise ValueError(f"{_WHO}: rhs holds {local} groups but group_sizes only {total}")
     before = jnp.where(jnp.arange(total) < offset, blocked, 0).sum(axis=-1)

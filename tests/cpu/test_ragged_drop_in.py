@@ -83,6 +83,20 @@ def test_group_offset_matches_the_reference(offset):
     assert rel_error(got, offset_reference(lhs, rhs, SIZES, offset)) < 1e-5
 
 
+def test_group_offset_as_lax_documents_it():
+    """lax.ragged_dot documents group_offset as a (1,) array; a scalar is
+    taken too, and a float one is refused rather than truncated."""
+    lhs, rhs = operands(local=2)
+    sizes = jnp.asarray(SIZES, jnp.int32)
+    want = offset_reference(lhs, rhs, SIZES, 3)
+    for offset in (jnp.array([3], jnp.int32), jnp.int32(3), 3):
+        assert rel_error(jax_cluster.ragged_dot(lhs, rhs, sizes, group_offset=offset), want) < 1e-5
+    with pytest.raises(TypeError, match="group_offset must be an integer"):
+        jax_cluster.ragged_dot(lhs, rhs, sizes, group_offset=1.5)
+    with pytest.raises(ValueError, match=r"scalar or of shape \(1,\)"):
+        jax_cluster.ragged_dot(lhs, rhs, sizes, group_offset=jnp.array([1, 2]))
+
+
 def test_group_offset_is_traced_not_baked_in():
     lhs, rhs = operands(local=3)
     f = jax.jit(lambda x, w, s, o: jax_cluster.ragged_dot(x, w, s, group_offset=o))
