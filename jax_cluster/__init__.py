@@ -11,13 +11,15 @@ QArrays) that the three ops take, `quantize_weight` a weight in both layouts;
 into the GEMM. `plan` / `plan_ragged` return the static choices a call makes,
 and `Plan.explain()` says why. `autotune` times the candidate plans on the
 present GPU and caches the winners; `use_autotune_cache(True)` makes calls
-read them. `jax_cluster.nn` (imported on its own; needs flax) has the Flax layers.
+read them. `jax_cluster.nn` (imported on its own; needs flax) has the Flax layers,
+and `checkpoint_policies` remat policies that save jax_cluster's products
+as JAX's save dot_general.
 
 The package is laid out by layer: ops/ -> primitives/ -> planning/, with
 tuning/ beside the ops and tools/ on top (docs/architecture.md).
 """
 
-from jax_cluster import _ffi
+from jax_cluster import _ffi, checkpoint_policies
 from jax_cluster.info import info
 from jax_cluster.ops.dense import dot_general, matmul, plan
 from jax_cluster.ops.gated import gated_ragged_dot, interleave_gate_up, split_gate_up_blocks
@@ -39,6 +41,7 @@ __all__ = [
     "DeviceInfo",
     "Plan",
     "autotune",
+    "checkpoint_policies",
     "dequantize",
     "dot_general",
     "gated_ragged_dot",
