@@ -4,6 +4,8 @@
 `jax_cluster.dot_general` injected, so parameters, initialisers and
 checkpoints are Flax's. `GroupedLinear` holds G expert kernels [G,K,N] and
 applies them with `jax_cluster.ragged_dot`; `MoEMLP` routes tokens to them.
+Under `nnx.remat` with a dots policy, take `jax_cluster.checkpoint_policies`'
+(JAX's own recompute these layers' products).
 """
 
 from jax_cluster.nn.dense import Dense
