@@ -25,9 +25,20 @@ jc_share_of_roofline, jc_vs_tokamax} (a contender that cannot run records
 cases this run does not measure; --contenders REGEX times only the sides it
 matches (the others' fields are absent from the new rows).
 
+--fp8: the same cases on block-scaled fp8 operands (`jax_cluster.quantize`:
+rows in (1, 128) tiles, each expert's [K, N] in (128, 128) blocks, e4m3),
+the weights a served model keeps in fp8. Its roofline counts one byte per
+value plus the float32 scales (the output bf16) and, for compute, twice the
+measured bf16 peak (the H200's fp8 tensor rate). Contenders: jax_cluster's
+ragged_dot of the QArrays as planned (jc), its bf16 path on the dequantized
+operands (jc_bf16: what a bf16 model runs), tokamax's ragged_dot of the
+QArrays, and lax.ragged_dot on the dequantized operands; each checked against
+the float32 product of the dequantized operands. Writes ragged_decode_fp8.json.
+
     python benchmarks/bench_ragged_decode.py --list
     python benchmarks/bench_ragged_decode.py --out benchmarks/results/h200
     python benchmarks/bench_ragged_decode.py --smoke          # tiny shapes, any device
+    python benchmarks/bench_ragged_decode.py --fp8 --out benchmarks/results/h200
 """
 
 from __future__ import annotations
@@ -63,6 +74,8 @@ LAYERS = [
     ("deepseek-v3 gate", 7168, 2048, 256, 8),
 ]
 SMOKE = [("smoke gate", 128, 64, 8, 2), ("smoke down", 64, 128, 16, 4)]
+SMOKE_FP8 = [("smoke fp8 gate", 256, 128, 8, 2)]  # K and N in whole 128-value scale blocks
+FP8_BLOCKS = {"lhs": (1, 128), "rhs": (128, 128)}
 ROWS = (1, 8, 64, 256, 512, 2048)  # tokens x top_k
 SEED = 20261203
 # Rows pinned: the grouped GEMM's training tile, its decode tile whose 64-wide
@@ -88,12 +101,28 @@ def moved_bytes(sizes: np.ndarray, k: int, n: int, itemsize: int) -> int:
     return itemsize * (rows * k + int((sizes > 0).sum()) * k * n + rows * n)
 
 
+def moved_bytes_fp8(sizes: np.ndarray, k: int, n: int) -> int:
+    """One byte a value and a float32 scale a block, read; the output written in bf16."""
+    rows, groups = int(sizes.sum()), int((sizes > 0).sum())
+    values = rows * k + groups * k * n
+    scales = 4 * (rows * (k // 128) + groups * (k // 128) * (n // 128))
+    return values + scales + 2 * rows * n
+
+
 def dense_peak_flops(iterations: int) -> float:
     """bf16 FLOP/s of XLA's dot at 8192^3 on random data, this run."""
     n = 8192
     a = common.randn(jax.random.key(1), (n, n), DTYPE)
     b = common.randn(jax.random.key(2), (n, n), DTYPE)
     return 2 * n**3 / (timing.cupti_ms(jnp.matmul, [(a, b)], iterations) * 1e-3)
+
+
+def _quantized_rows(x):
+    return jax_cluster.quantize(x, block=FP8_BLOCKS["lhs"])
+
+
+def _quantized_experts(w):
+    return jax_cluster.quantize(w, block=FP8_BLOCKS["rhs"])
 
 
 def pinned_ragged_dot(m: int, n: int, k: int, experts: int, pin: dict):
@@ -107,11 +136,14 @@ def pinned_ragged_dot(m: int, n: int, k: int, experts: int, pin: dict):
     return functools.partial(jax_cluster.ragged_dot, plan=plan), None
 
 
-def measure(name, k, n, experts, top_k, rows, ceilings, iterations, timer, only=".") -> dict:
+def measure(name, k, n, experts, top_k, rows, ceilings, iterations, timer, only=".", fp8=False) -> dict:
     sizes = case_sizes(rows, experts, top_k)
     m = int(sizes.sum())
     peak, bandwidth = ceilings
-    nbytes = moved_bytes(sizes, k, n, jnp.dtype(DTYPE).itemsize)
+    if fp8:
+        peak, nbytes = 2 * peak, moved_bytes_fp8(sizes, k, n)
+    else:
+        nbytes = moved_bytes(sizes, k, n, jnp.dtype(DTYPE).itemsize)
     roofline_ms = max(2 * m * k * n / peak, nbytes / bandwidth) * 1e3
     row = {
         "config": name,
@@ -135,27 +167,44 @@ def measure(name, k, n, experts, top_k, rows, ceilings, iterations, timer, only=
     ]
     gs = jnp.asarray(sizes)
     case = bench_ragged.Case(m, experts, k, n, "uniform", tuple(int(s) for s in sizes))
-    first = {"lhs": args[0][0], "rhs": args[0][1], "dy": None}
-    reference = bench_ragged.grouped_reference(case, "fwd", first)
     tokamax_error = bench_ragged.tokamax_problem()
     tokamax = None if tokamax_error else bench_ragged.tokamax_ragged_dot(None)
-    planned = jax_cluster.plan_ragged(m, n, k, experts, problem="ragged_m", dtype=DTYPE)
+    errors = {"tokamax": tokamax_error}
+    if fp8:  # the contenders that take the QArrays, and those that take their bf16 values
+        quantized = [(_quantized_rows(a), _quantized_experts(b)) for a, b in args]
+        args = [tuple(jax_cluster.dequantize(q, DTYPE) for q in pair) for pair in quantized]
+        # the weights as Hopper's fp8 MMA reads them, [E, N, K]: the same blocks, scales and values
+        k_major = [(a, _quantized_experts(b.swapaxes(1, 2))) for (a, _), (_, b) in zip(quantized, args)]
+        contenders = {
+            "jc": (functools.partial(jax_cluster.ragged_dot, rhs_layout="gnk"), k_major),
+            "jc_bf16": (jax_cluster.ragged_dot, args),
+            "tokamax": (tokamax, quantized),
+            "xla": (jax.lax.ragged_dot, args),
+        }
+        planned = jax_cluster.plan_ragged(
+            m, n, k, experts, problem="ragged_m", dtype=jnp.float8_e4m3fn, out_dtype=DTYPE, a_major="k", b_major="k"
+        )
+    else:
+        contenders = {"jc": (jax_cluster.ragged_dot, args)}
+        for short, pin in PINNED.items():
+            fn, errors[short] = pinned_ragged_dot(m, n, k, experts, pin)
+            contenders[short] = (fn, args)
+        contenders.update(tokamax=(tokamax, args), xla=(jax.lax.ragged_dot, args))
+        planned = jax_cluster.plan_ragged(m, n, k, experts, problem="ragged_m", dtype=DTYPE)
     row["jc_tile_n"] = planned.tile_n if planned.path == "kernel" else None
     row["jc_variant"] = planned.variant if planned.path == "kernel" else None
-    contenders, errors = {"jc": jax_cluster.ragged_dot}, {"tokamax": tokamax_error}
-    for short, pin in PINNED.items():
-        contenders[short], errors[short] = pinned_ragged_dot(m, n, k, experts, pin)
-    contenders.update(tokamax=tokamax, xla=jax.lax.ragged_dot)
-    contenders = {short: fn for short, fn in contenders.items() if re.search(only, short)}
-    for short, ragged_dot in contenders.items():
+    first = {"lhs": args[0][0], "rhs": args[0][1], "dy": None}  # fp8: the dequantized values
+    reference = bench_ragged.grouped_reference(case, "fwd", first)
+    contenders = {short: pair for short, pair in contenders.items() if re.search(only, short)}
+    for short, (ragged_dot, inputs) in contenders.items():
         row[f"{short}_ms"] = None
         if ragged_dot is None:
             row[f"{short}_error"] = errors[short]
             continue
         fn = lambda a, b, ragged_dot=ragged_dot: ragged_dot(a, b, gs)  # noqa: E731
         result = bench_ragged.check_then_time(
-            lambda fn=fn: jax.jit(fn)(*args[0]),
-            lambda fn=fn: timer(fn, args, iterations),
+            lambda fn=fn, inputs=inputs: jax.jit(fn)(*inputs[0]),
+            lambda fn=fn, inputs=inputs: timer(fn, inputs, iterations),
             reference,
             1,
             "cupti",
@@ -167,6 +216,8 @@ def measure(name, k, n, experts, top_k, rows, ceilings, iterations, timer, only=
     if row.get("jc_ms"):
         row["jc_share_of_roofline"] = roofline_ms / row["jc_ms"]
         row["jc_vs_tokamax"] = row["tokamax_ms"] / row["jc_ms"] if row.get("tokamax_ms") else None
+        if fp8:
+            row["jc_vs_bf16"] = row["jc_bf16_ms"] / row["jc_ms"] if row.get("jc_bf16_ms") else None
     return row
 
 
@@ -177,16 +228,24 @@ def earlier_rows(path) -> dict:
     return {(r["config"], r["rows"]): r for r in json.loads(path.read_text())["rows"]}
 
 
+def _geomean(values):
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
 def summary(rows) -> dict:
     shares = [r["jc_share_of_roofline"] for r in rows if r.get("jc_share_of_roofline")]
     versus = [r["jc_vs_tokamax"] for r in rows if r.get("jc_vs_tokamax")]
-    return {
+    out = {
         "rows": len(rows),
         "min_share_of_roofline": min(shares, default=None),
         "cases_below_85pct_of_roofline": sum(s < 0.85 for s in shares),
         "min_vs_tokamax": min(versus, default=None),
-        "geomean_vs_tokamax": math.exp(sum(map(math.log, versus)) / len(versus)) if versus else None,
+        "geomean_vs_tokamax": _geomean(versus),
     }
+    over_bf16 = [r["jc_vs_bf16"] for r in rows if r.get("jc_vs_bf16")]
+    if over_bf16:  # the fp8 run
+        out.update(min_vs_bf16=min(over_bf16), geomean_vs_bf16=_geomean(over_bf16))
+    return out
 
 
 def plot(payload, path):
@@ -199,7 +258,7 @@ def plot(payload, path):
         baseline_label="roofline",
         ratios=[r.get("jc_share_of_roofline") or float("nan") for r in rows],
         ylabel="ms (device time); label: share of the roofline",
-        title=f"ragged_dot at decode sizes, bf16, {payload['device']}",
+        title=f"ragged_dot at decode sizes, {payload['operands']}, {payload['device']}",
     )
 
 
@@ -215,8 +274,9 @@ def main(argv=None):
         "--contenders", default=".", help="regex on contender names (jc, jc_wide, ..., tokamax, xla): only those run"
     )
     parser.add_argument("--list", action="store_true", help="print the cases and exit (no GPU)")
+    parser.add_argument("--fp8", action="store_true", help="block-scaled e4m3 operands (ragged_decode_fp8.json)")
     args = parser.parse_args(argv)
-    layers = SMOKE if args.smoke else LAYERS
+    layers = (SMOKE_FP8 if args.fp8 else SMOKE) if args.smoke else LAYERS
     layers = [layer for layer in layers if re.search(args.layers, layer[0])]
     todo = [(layer, rows) for layer in layers for rows in map(int, args.rows.split(","))]
     # a layer's cases with the same rows (R below top_k becomes one token) run once
@@ -239,13 +299,14 @@ def main(argv=None):
     print(f"ceilings: {ceilings[0] / 1e12:.0f} TFLOP/s, {ceilings[1] / 1e12:.2f} TB/s")
     measured = {(name, int(case_sizes(r, experts, top_k).sum())) for (name, _, _, experts, top_k), r in todo}
     rows = [row for key, row in earlier_rows(args.resume).items() if key not in measured]
-    order = {name: i for i, (name, *_) in enumerate(LAYERS + SMOKE)}
+    order = {name: i for i, (name, *_) in enumerate(LAYERS + SMOKE + SMOKE_FP8)}
+    shown = ("jc", "jc_bf16") if args.fp8 else ("jc", *PINNED)
     for (name, k, n, experts, top_k), r in todo:
-        row = measure(name, k, n, experts, top_k, r, ceilings, args.iterations, timer, args.contenders)
+        row = measure(name, k, n, experts, top_k, r, ceilings, args.iterations, timer, args.contenders, args.fp8)
         rows.append(row)
         rows.sort(key=lambda row: (order.get(row["config"], len(order)), row["rows"]))
         cells = " ".join(
-            f"{c} {row[c + '_ms']:.4f}" if row.get(c + "_ms") else f"{c} -" for c in ("jc", *PINNED, "tokamax", "xla")
+            f"{c} {row[c + '_ms']:.4f}" if row.get(c + "_ms") else f"{c} -" for c in (*shown, "tokamax", "xla")
         )
         print(f"{name:<22} rows={row['rows']:<5} roofline {row['roofline_ms']:.4f} ms | {cells}", flush=True)
         # after every case: a run cut off by a time limit keeps what it measured
@@ -253,14 +314,17 @@ def main(argv=None):
             "device": common.device_name(),
             "jax_version": jax.__version__,
             "commit": common.run_record()["commit"],
-            "peak_flops": ceilings[0],
+            "operands": "e4m3, block-scaled" if args.fp8 else "bf16",
+            # fp8's compute ceiling: twice the measured bf16 peak
+            "peak_flops": ceilings[0] * (2 if args.fp8 else 1),
             "bandwidth_bytes_per_s": ceilings[1],
             "timing": "cupti" if timer is timing.cupti_ms else "wall",
             "cases": f"{len(rows)} rows; this run measured {len(todo)} cases",
             "summary": summary(rows),
             "rows": rows,
         }
-        common.write_results(common.results_dir(args.out), "ragged_decode", payload, plot)
+        name_of_file = "ragged_decode_fp8" if args.fp8 else "ragged_decode"
+        common.write_results(common.results_dir(args.out), name_of_file, payload, plot)
     print(json.dumps(summary(rows), indent=1))
 
 

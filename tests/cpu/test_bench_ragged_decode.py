@@ -66,3 +66,23 @@ def test_rows_that_name_the_same_case_run_once(bench, capsys):
     # below top_k rows a case is one token: 1, 2 and 4 rows of a top-4 layer are the same case
     bench.main(["--smoke", "--layers", "down", "--rows", "1,2,4,8", "--list"])
     assert capsys.readouterr().out.strip().endswith("2 cases")
+
+
+def test_fp8_bytes_are_one_a_value_with_the_block_scales(bench):
+    sizes = np.array([3, 0, 1], np.int32)
+    k, n = 256, 128
+    values = 4 * k + 2 * k * n
+    scales = 4 * (4 * 2 + 2 * 2 * 1)
+    assert bench.moved_bytes_fp8(sizes, k, n) == values + scales + 2 * 4 * n
+
+
+def test_an_fp8_smoke_run_records_every_contender(bench, tmp_path):
+    bench.main(["--smoke", "--fp8", "--rows", "8", "--iterations", "1", "--out", str(tmp_path)])
+    payload = json.loads((tmp_path / "ragged_decode_fp8.json").read_text())
+    assert payload["operands"].startswith("e4m3") and len(payload["rows"]) == len(bench.SMOKE_FP8)
+    for row in payload["rows"]:
+        assert row["jc_ms"] > 0 and row["jc_bf16_ms"] > 0 and row["jc_vs_bf16"] > 0
+        sizes = bench.case_sizes(8, row["experts"], row["top_k"])
+        assert row["bytes"] == bench.moved_bytes_fp8(sizes, row["k"], row["n"])
+        for name in ("tokamax", "xla"):
+            assert row[f"{name}_ms"] or row[f"{name}_error"]
