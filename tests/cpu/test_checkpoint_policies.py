@@ -70,15 +70,17 @@ def test_grouped_products_are_saved(name):
     assert products_in(remat, x, w1, w2) == products_in(jax.grad(moe, argnums=(0, 1, 2)), x, w1, w2) == 6
 
 
-def test_layers_under_nnx_remat_run_flax_s_products():
-    """jax_cluster's Linear (a custom_vjp around the products) under the
-    policy runs the GEMMs Flax's Linear runs under JAX's."""
+@pytest.mark.parametrize("activation", ["gelu", "none"])
+def test_layers_under_remat_run_flax_s_products(activation):
+    """jax_cluster's Linear (a custom JVP around the products; without an
+    activation, the fused kernel) under the policy runs the GEMMs Flax's
+    Linear runs under JAX's."""
     x = jnp.ones((64, 32), jnp.bfloat16)
 
     def count(cls, policy, **kw):
         first = cls(32, 128, dtype=jnp.bfloat16, rngs=nnx.Rngs(0), **kw)
         second = cls(128, 32, dtype=jnp.bfloat16, rngs=nnx.Rngs(1))
-        act = jax.nn.gelu if cls is nnx.Linear else (lambda h: h)
+        act = jax.nn.gelu if cls is nnx.Linear and activation == "gelu" else (lambda h: h)
         (g1, p1), (g2, p2) = nnx.split(first), nnx.split(second)
 
         def loss(p1, p2, x):
@@ -87,4 +89,4 @@ def test_layers_under_nnx_remat_run_flax_s_products():
         return products_in(jax.grad(jax.checkpoint(loss, policy=policy), argnums=(0, 1, 2)), p1, p2, x)
 
     flax = count(nnx.Linear, jax.checkpoint_policies.dots_saveable)
-    assert count(jcnn.Linear, checkpoint_policies.dots_saveable, activation="gelu") == flax == 6
+    assert count(jcnn.Linear, checkpoint_policies.dots_saveable, activation=activation) == flax == 6

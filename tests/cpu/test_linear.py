@@ -63,6 +63,28 @@ def test_gradients_match_the_reference(activation):
         assert rel_error(got, want) < 1e-5
 
 
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_forward_mode_matches_the_reference(activation):
+    """jax.jvp, jax.jacfwd and jax.linearize work as on Flax's layer, with
+    some operands held constant (their tangents are symbolic zeros)."""
+    x, w, b, r = (randn(s, jnp.float32) for s in ((4, 5, 16), (16, 12), (12,), (4, 5, 12)))
+
+    def ours(x, w, b, r):
+        return jax_cluster.linear(x, w, b, residual=r, activation=activation, alpha=0.7, beta=1.5)
+
+    def theirs(x, w, b, r):
+        return linear_reference(x, w, b, r, activation=activation, alpha=0.7, beta=1.5)
+
+    tangents = tuple(randn(t.shape, jnp.float32) for t in (x, w, b, r))
+    for got, want in zip(jax.jvp(ours, (x, w, b, r), tangents), jax.jvp(theirs, (x, w, b, r), tangents)):
+        assert rel_error(got, want) < 1e-5
+    only_w = jax.jvp(lambda w: ours(x, w, b, r), (w,), (tangents[1],))[1]
+    assert rel_error(only_w, jax.jvp(lambda w: theirs(x, w, b, r), (w,), (tangents[1],))[1]) < 1e-5
+    assert rel_error(jax.jacfwd(ours, argnums=2)(x, w, b, r), jax.jacfwd(theirs, argnums=2)(x, w, b, r)) < 1e-5
+    _, tangent_of = jax.linearize(lambda x: ours(x, w, b, r), x)
+    assert rel_error(tangent_of(tangents[0]), jax.jvp(lambda x: theirs(x, w, b, r), (x,), (tangents[0],))[1]) < 1e-5
+
+
 @pytest.mark.parametrize("activation", ["none", "gelu"])
 def test_bias_gradient_is_flax_reduce_in_the_output_dtype(activation):
     """The bias gradient is the transpose of the bias broadcast, a bf16 reduce,

@@ -250,3 +250,17 @@ def test_fused_activation_matches_flax_then_activation(activation):
     np.testing.assert_allclose(dense.apply(params, x), act(linen.Dense(24).apply(params, x)), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="unknown activation"):
         jcnn.Linear(16, 24, activation="tanh", rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("activation", ["none", "gelu"])
+def test_layers_take_forward_mode_differentiation_as_flax_s(activation):
+    act = {"none": lambda y: y, "gelu": jax.nn.gelu}[activation]
+    x, dx = (jax.random.normal(jax.random.key(s), (4, 6, 16)) for s in (3, 4))
+    ours = jcnn.Linear(16, 24, activation=activation, rngs=nnx.Rngs(0))
+    flaxs = nnx.Linear(16, 24, rngs=nnx.Rngs(0))
+    assert_trees_close(jax.jvp(ours, (x,), (dx,)), jax.jvp(lambda x: act(flaxs(x)), (x,), (dx,)), 1e-5)
+    params = linen.Dense(24).init(jax.random.key(1), x)
+    dense = jcnn.Dense(24, activation=activation)
+    flax_dense = lambda x: act(linen.Dense(24).apply(params, x))  # noqa: E731
+    got = jax.jacfwd(lambda x: dense.apply(params, x))(x[0, 0])
+    assert_trees_close(got, jax.jacfwd(flax_dense)(x[0, 0]), 1e-5)
