@@ -129,8 +129,9 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     Dots with one contracting dimension and leading batch dimensions run on
     the kernel; every other form, mixed input dtypes, dtypes the kernels'
     primitive does not take (integers, float64, complex) and a `precision`
-    asked of inputs wider than 16 bits go to `lax.dot_general` unchanged. `out_sharding` (which `nnx.Linear` passes,
-    None by default) is applied to the kernel's output; only when it is given
+    asked of inputs wider than 16 bits go to `lax.dot_general` unchanged.
+    `out_sharding` (which `nnx.Linear` passes, None by default) is applied to
+    the kernel's output; only when it is given
     and a mesh with explicit axes is set or typed into the operands does the
     call go to `lax.dot_general`, which types the sharding.
 

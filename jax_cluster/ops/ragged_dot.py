@@ -61,9 +61,10 @@ def ragged_dot(
     callable, applied to the product (as tokamax's `activation=`); it runs on
     XLA after the grouped GEMM, not yet in its epilogue.
 
-    `group_offset` (an integer scalar or (1,) array, for expert parallelism): group_sizes
-    holds all G groups and rhs only the G_local = rhs.shape[0] groups from
-    `group_offset` on. Rows of group g in [offset, offset + G_local) multiply
+    `group_offset` (an integer scalar or (1,) array, for expert
+    parallelism): group_sizes holds all G groups and rhs only the G_local =
+    rhs.shape[0] groups from `group_offset` on. Rows of group g in
+    [offset, offset + G_local) multiply
     rhs[g - offset]; every other row of the output is zero, and so are their
     gradients.
 
