@@ -131,9 +131,9 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     primitive does not take (integers, float64, complex) and a `precision`
     asked of inputs wider than 16 bits go to `lax.dot_general` unchanged.
     `out_sharding` (which `nnx.Linear` passes, None by default) is applied to
-    the kernel's output; only when it is given
-    and a mesh with explicit axes is set or typed into the operands does the
-    call go to `lax.dot_general`, which types the sharding.
+    the kernel's output; only when it is given and a mesh with explicit axes
+    is set or typed into the operands does the call go to `lax.dot_general`,
+    which types the sharding.
 
     Block-scaled fp8 operands (`jax_cluster.quantize`) are taken in the
     matmul form only: lhs [..., M, K] in (1, 128) blocks contracting its last
