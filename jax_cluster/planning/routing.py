@@ -8,7 +8,11 @@ device, for each operand layout and for memory- or compute-bound problems, the
 window of contraction lengths (log2 K) where the kernel measured faster than
 XLA's dot. It is fitted by `benchmarks/fit_routing.py` on part of the dense
 suite (`benchmarks/bench_dense_suite.py`) and checked on model families it
-never saw. A device or layout without an entry keeps the kernel.
+never saw. A device measured by none takes the entry of one of its compute
+capability (the same SMs and the same cuBLAS kernels, so the two paths
+compare as they did there: XLA's dot wherever the measured device found it
+faster, which keeps the promise never to be slower than it); a capability
+or layout without an entry keeps the kernel.
 
 XLA runs a grouped product as a dense expansion: every row against every
 group's weights (G times the dense product's FLOPs, and all G weights read).
@@ -107,10 +111,18 @@ def shipped() -> tuple[DeviceRules, ...]:
 
 
 def rules_for(dev: DeviceInfo, table: tuple[DeviceRules, ...] | None = None) -> DeviceRules | None:
-    for entry in shipped() if table is None else table:
-        if dev.compute_capability == entry.compute_capability and entry.name in dev.name:
-            return entry
-    return None
+    """The entry measured on this device, else one measured on another device
+    of its compute capability (see the module docstring), else None."""
+    same = [e for e in (shipped() if table is None else table) if e.compute_capability == dev.compute_capability]
+    return next((e for e in same if e.name in dev.name), same[0] if same else None)
+
+
+def _whose(entry: DeviceRules, dev: DeviceInfo) -> str:
+    """Where the rule was measured, when not on this device."""
+    if entry.name in dev.name:
+        return ""
+    capability = ".".join(map(str, entry.compute_capability))
+    return f"; this {dev.name} has none of its own and takes the {entry.name}'s, of compute capability {capability}"
 
 
 def xla_is_faster(call: Call, memory_bound: bool, dev: DeviceInfo, table=None) -> str:
@@ -129,7 +141,7 @@ def xla_is_faster(call: Call, memory_bound: bool, dev: DeviceInfo, table=None) -
     won = f"it won only for {2**rule.lo:g} <= K < {2**rule.hi:g}" if rule.lo < rule.hi else "it won at no K"
     return (
         f"XLA's dot is expected faster: on {entry.name} the kernel measured behind it for {bound} "
-        f"{layout} GEMMs at K = {call.k} ({won}; {entry.evidence}); route='kernel' keeps the kernel"
+        f"{layout} GEMMs at K = {call.k} ({won}; {entry.evidence}{_whose(entry, dev)}); route='kernel' keeps the kernel"
     )
 
 
@@ -163,5 +175,6 @@ def xla_ragged_is_faster(call: Call, dev: DeviceInfo, table=None) -> str:
     return (
         f"XLA's ragged_dot is expected faster: its dense expansion of this call ({call.count} groups) models at "
         f"{seconds * 1e6:.2f} us, under the {entry.grouped.xla_below_seconds * 1e6:g} us below which it measured "
-        f"faster than the grouped kernel on {entry.name} ({entry.grouped.evidence}); route='kernel' keeps the kernel"
+        f"faster than the grouped kernel on {entry.name} ({entry.grouped.evidence}{_whose(entry, dev)}); "
+        "route='kernel' keeps the kernel"
     )

@@ -48,6 +48,21 @@ def test_a_device_without_measurements_keeps_the_kernel():
     assert routing.rules_for(dataclasses.replace(H200, compute_capability=(10, 0))) is None
 
 
+def test_an_unmeasured_device_of_a_measured_capability_takes_its_rules_and_says_so():
+    """An H100 (9.0, as the H200) routes as the H200 measured: XLA's dot where
+    the kernel lost there, never the unmeasured kernel; the reason names
+    whose measurements decided."""
+    h100 = dataclasses.replace(H200, name="NVIDIA H100 80GB HBM3")
+    assert routing.rules_for(h100) is routing.rules_for(H200)
+    planned = plan(8192, 8192, 4096, device=h100)
+    assert planned.path == "xla" and "takes the H200's" in planned.reason
+    assert "takes" not in plan(8192, 8192, 4096).reason  # the H200's own
+    table = routing.parse(
+        {"devices": [{"name": n, "compute_capability": [9, 0], "evidence": n, "rules": []} for n in ("H200", "H100")]}
+    )
+    assert routing.rules_for(h100, table).name == "H100"  # a device's own entry comes first
+
+
 def test_the_rule_keeps_the_kernel_inside_its_window_only():
     table = routing.parse(
         {
