@@ -62,11 +62,11 @@ def gated_ragged_dot(
     call, the plain grouped product (`ragged_dot`, with its own plan) is
     gated on XLA.
 
-    Differentiable in lhs and rhs (reverse mode: a custom VJP, so jax.jvp
-    does not apply). The backward needs gate and up, so a
-    differentiated call's forward runs the plain grouped product [M, 2H]
-    (kept for the backward) and gates it on XLA; the backward is that
-    product's, through act's derivative. `plan` pins the forward:
+    Differentiable in lhs and rhs, in forward and reverse mode (a custom
+    JVP). The derivative needs gate and up, so a differentiated call's
+    forward runs the plain grouped product [M, 2H] (kept for the backward)
+    and gates it on XLA; the backward is that product's, through act's
+    derivative. `plan` pins the forward:
     plan_ragged(M, 2H, K, G, problem="ragged_m", epilogue="gated", ...).
     """
     check_activation(activation)
@@ -95,23 +95,27 @@ def gated_ragged_dot(
     return _gated(lhs, rhs, sizes, activation, b_major, out, chosen)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4, 5, 6))
 def _gated(lhs, rhs, sizes, activation, b_major, out, plan):
     return gated(lhs, rhs, sizes, b_major=b_major, activation=activation, out_dtype=out, plan=plan)
 
 
-def _gated_fwd(lhs, rhs, sizes, activation, b_major, out, plan):
-    layout = "gkn" if b_major == "n" else "gnk"
-    z, pullback = jax.vjp(lambda a, b: ragged_dot(a, b, sizes, rhs_layout=layout), lhs, rhs)
-    h, gate_pullback = jax.vjp(lambda z: gate_product(z, activation, out), z)
-    return h, (pullback, gate_pullback)
+def _gated_jvp(activation, b_major, out, plan, primals, tangents):
+    """h = gate(z), z = lhs . rhs[g], and dh = gate'(z) . (dlhs . rhs[g] + lhs . drhs[g]).
+    The derivative needs gate and up, so the primal runs the plain grouped
+    product [M, 2H] and gates it on XLA; transposed (jax.grad) the tangent's
+    grouped products are the input- and weight-gradient products."""
+    lhs, rhs, sizes = primals
+    dlhs, drhs, _ = (None if _is_zero(t) else t for t in tangents)
+    product = functools.partial(ragged_dot, group_sizes=sizes, rhs_layout="gkn" if b_major == "n" else "gnk")
+    terms = ([product(dlhs, rhs)] if dlhs is not None else []) + ([product(lhs, drhs)] if drhs is not None else [])
+    z = product(lhs, rhs)
+    dz = functools.reduce(jnp.add, terms) if terms else jnp.zeros_like(z)
+    return jax.jvp(lambda z: gate_product(z, activation, out), (z,), (dz,))
 
 
-def _gated_bwd(activation, b_major, out, plan, residuals, dh):
-    pullback, gate_pullback = residuals
-    (dz,) = gate_pullback(dh)
-    d_lhs, d_rhs = pullback(dz)
-    return d_lhs, d_rhs, None
+def _is_zero(tangent) -> bool:
+    return tangent is None or isinstance(tangent, jax.custom_derivatives.SymbolicZero)
 
 
-_gated.defvjp(_gated_fwd, _gated_bwd)
+_gated.defjvp(_gated_jvp, symbolic_zeros=True)
