@@ -2,9 +2,12 @@
 it, and honoured where it changes the result.
 
 The kernels take bf16 and fp16 inputs, whose products are exact in their fp32
-accumulators, so a precision changes nothing there. For wider inputs it
-does (float32 on a GPU: TF32 by default, full float32 when asked), and only
-XLA's dot reads it, so such calls go to XLA's path with the precision."""
+accumulators, so a precision level changes nothing there. For wider inputs it
+does (float32 on a GPU: TF32 by default, full float32 when asked), and so
+does a dot algorithm at any width (`lax.DotAlgorithmPreset` or its name, a
+`lax.DotAlgorithm`: F16_F16_F32 rounds bf16 inputs to fp16, BF16_BF16_BF16
+accumulates in bf16); only XLA's dot reads them, so such calls go to XLA's
+path with the precision."""
 
 from __future__ import annotations
 
@@ -37,7 +40,17 @@ def check_precision(who: str, precision) -> None:
 
 def needs_xla(precision, dtype) -> bool:
     """Whether `precision` changes a product of `dtype` inputs, so XLA's dot must run it."""
-    return precision is not None and jnp.dtype(dtype) not in _EXACT_PRODUCTS
+    if precision is None:
+        return False
+    return jnp.dtype(dtype) not in _EXACT_PRODUCTS or _names_an_algorithm(precision)
+
+
+def _names_an_algorithm(precision) -> bool:
+    if isinstance(precision, lax.DotAlgorithm):
+        return True
+    if isinstance(precision, str) and precision.upper() in lax.DotAlgorithmPreset.__members__:
+        precision = lax.DotAlgorithmPreset[precision.upper()]
+    return isinstance(precision, lax.DotAlgorithmPreset) and precision != lax.DotAlgorithmPreset.DEFAULT
 
 
 @functools.lru_cache(maxsize=64)

@@ -90,3 +90,17 @@ def test_layers_carry_their_precision():
     with pytest.raises(ValueError, match="Precision"):
         jcnn.Linear(128, 64, dtype=jnp.bfloat16, precision="garbage", rngs=nnx.Rngs(0))(jnp.ones((4, 128)))
     assert isinstance(linen_layer, linen.Dense)
+
+
+@pytest.mark.skipif(not _ffi.with_kernels(), reason="built without kernels")
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("algorithm", [lax.DotAlgorithmPreset.F16_F16_F32, "BF16_BF16_BF16"], ids=str)
+def test_a_dot_algorithm_moves_even_bf16_products_to_xla(op, algorithm, monkeypatch):
+    """An algorithm changes a bf16 product (fp16 rounding, bf16 accumulation),
+    which only XLA's dot applies; the default preset is no change."""
+    monkeypatch.setattr(device, "_describe_present", lambda _: H200)
+    a, b = spec((256, 128), jnp.bfloat16), spec((128, 64), jnp.bfloat16)
+    text = cuda_text(lambda a, b: OPS[op](a, b, algorithm), a, b)
+    assert "custom_call @jax_cluster" not in text and "algorithm" in text
+    default = cuda_text(lambda a, b: OPS[op](a, b, lax.DotAlgorithmPreset.DEFAULT), a, b)
+    assert "custom_call @jax_cluster" in default
