@@ -48,6 +48,7 @@ def test_a_device_without_measurements_keeps_the_kernel():
     assert routing.rules_for(dataclasses.replace(H200, compute_capability=(10, 0))) is None
 
 
+@needs_kernels
 def test_an_unmeasured_device_of_a_measured_capability_takes_its_rules_and_says_so():
     """An H100 (9.0, as the H200) routes as the H200 measured: XLA's dot where
     the kernel lost there, never the unmeasured kernel; the reason names
