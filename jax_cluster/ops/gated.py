@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_cluster.ops.ragged_dot import int32_group_sizes, ragged_dot
+from jax_cluster.ops.tangents import bilinear_tangent
 from jax_cluster.planning.plan import Plan
 from jax_cluster.planning.tables import GATE_BLOCK
 from jax_cluster.primitives import plans
@@ -106,16 +107,11 @@ def _gated_jvp(activation, b_major, out, plan, primals, tangents):
     product [M, 2H] and gates it on XLA; transposed (jax.grad) the tangent's
     grouped products are the input- and weight-gradient products."""
     lhs, rhs, sizes = primals
-    dlhs, drhs, _ = (None if _is_zero(t) else t for t in tangents)
+    dlhs, drhs, _ = tangents
     product = functools.partial(ragged_dot, group_sizes=sizes, rhs_layout="gkn" if b_major == "n" else "gnk")
-    terms = ([product(dlhs, rhs)] if dlhs is not None else []) + ([product(lhs, drhs)] if drhs is not None else [])
     z = product(lhs, rhs)
-    dz = functools.reduce(jnp.add, terms) if terms else jnp.zeros_like(z)
+    dz = bilinear_tangent(product, lhs, rhs, dlhs, drhs, like=z)
     return jax.jvp(lambda z: gate_product(z, activation, out), (z,), (dz,))
-
-
-def _is_zero(tangent) -> bool:
-    return tangent is None or isinstance(tangent, jax.custom_derivatives.SymbolicZero)
 
 
 _gated.defjvp(_gated_jvp, symbolic_zeros=True)

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_cluster.ops.tangents import bilinear_tangent, is_zero
 from jax_cluster.planning.tables import ACTIVATIONS
 from jax_cluster.primitives.activations import activation_fn, epilogue_in_dtype
 from jax_cluster.primitives.epilogue import gemm_epilogue
@@ -108,27 +109,18 @@ def _linear_jvp(config, primals, tangents):
     differentiates into. Forward mode (jax.jvp, jacfwd) runs the rule as it is."""
     activation, alpha, beta, b_major, out_dtype = config
     x, kernel, bias, residual = primals
-    dx, dkernel, dbias, dresidual = (None if _is_zero(t) else t for t in tangents)
+    dx, dkernel, dbias, dresidual = tangents
     product = functools.partial(gemm, a_major="k", b_major=b_major, out_dtype=out_dtype)
-    terms = ([product(dx, kernel)] if dx is not None else []) + ([product(x, dkernel)] if dkernel is not None else [])
-    rows, n = x.shape[0], kernel.shape[1] if b_major == "n" else kernel.shape[0]
-    dz = functools.reduce(jnp.add, terms) if terms else jnp.zeros((rows, n), out_dtype)
-    dz = epilogue_in_dtype(dz, dbias, dresidual, alpha=alpha, beta=beta, activation="none")
+    epilogue = functools.partial(epilogue_in_dtype, alpha=alpha, beta=beta, activation="none")
     if activation == "none":  # the fused kernel writes the layer's output
-        return _fused(config, x, kernel, bias, residual), dz
-    z = _pre_activation(product(x, kernel), bias, residual, alpha, beta)
+        z = _fused(config, x, kernel, bias, residual)
+    else:
+        z = epilogue(product(x, kernel), bias, residual)
+    dz = bilinear_tangent(product, x, kernel, dx, dkernel, like=z)
+    dz = epilogue(dz, *(None if is_zero(t) else t for t in (dbias, dresidual)))
+    if activation == "none":
+        return z, dz
     return jax.jvp(activation_fn(activation), (z,), (dz,))
-
-
-def _is_zero(tangent) -> bool:
-    """An absent operand (bias or residual None), or one not differentiated."""
-    return tangent is None or isinstance(tangent, jax.custom_derivatives.SymbolicZero)
-
-
-def _pre_activation(z0, bias, residual, alpha, beta):
-    """alpha * z0 + beta * residual + bias on XLA, in z0's dtype, as Flax's own
-    bias add; XLA fuses it into each pass that reads z."""
-    return epilogue_in_dtype(z0, bias, residual, alpha=alpha, beta=beta, activation="none")
 
 
 _linear.defjvp(_linear_jvp, symbolic_zeros=True)
