@@ -99,3 +99,30 @@ def test_accumulated_micro_batches_are_checked_and_timed(bench, tmp_path):
     assert row["micro_batches"] == 3
     for key in ("jc_accum", "jc_fp8_accum"):
         assert row[f"{key}_ms"] > 0 and row[f"{key}_rel_err_vs_sum"] < 1e-2, row
+
+
+def test_a_case_jax_cluster_cannot_run_is_recorded_and_the_run_goes_on(bench, tmp_path, monkeypatch):
+    """A layer too large for the card (an out-of-memory error, say) is a row
+    with its error; a wrong result still stops the run."""
+    measure = bench.measure
+
+    def too_large(cfg, *args, **kwargs):
+        if cfg.name == "smoke-a":
+            raise MemoryError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 7.00GiB")
+        return measure(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "measure", too_large)
+    args = ["--smoke", "--routings", "skewed", "--configs", "smoke-a,smoke-b", "--iterations", "1"]
+    bench.main([*args, "--out", str(tmp_path)])
+    payload = json.loads((tmp_path / "moe_mlp.json").read_text())
+    failed, ran = payload["rows"]
+    assert failed["jc_ms"] is None and "Out of memory" in failed["jc_error"]
+    assert ran["config"] == "smoke-b" and ran["jc_ms"] > 0
+    assert payload["summary"]["rows"] == 2 and payload["summary"]["rows_jax_cluster_could_not_run"] == 1
+
+    def wrong(*args, **kwargs):
+        raise bench.WrongResult("off by 1e-1")
+
+    monkeypatch.setattr(bench, "measure", wrong)
+    with pytest.raises(bench.WrongResult):
+        bench.main([*args, "--out", str(tmp_path / "again")])
