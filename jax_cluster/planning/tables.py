@@ -73,7 +73,12 @@ EPILOGUE_PROBLEMS: dict[str, str] = {"bias_act": "dense", "gated": "ragged_m"}
 
 def arch_for_compute_capability(cc: tuple[int, int]) -> str | None:
     """The kernel arch whose machine code runs on `cc`, or None (XLA's path)."""
-    return next((a for a, ccs in ARCH_CAPABILITIES.items() if tuple(cc) in ccs), None)
+    return _arch_for(tuple(cc))
+
+
+@functools.cache  # every plan asks, once per menu row
+def _arch_for(cc: tuple[int, int]) -> str | None:
+    return next((a for a, ccs in ARCH_CAPABILITIES.items() if cc in ccs), None)
 
 
 def capabilities_text(arch: str) -> str:
@@ -130,7 +135,7 @@ class Variant:
         """Rows of the output one CTA owns (a 2-CTA MMA splits M over the pair)."""
         return self.tile_m // 2 if self.mma == "2cta" else self.tile_m
 
-    @property
+    @functools.cached_property  # the planners match every menu row by name on every call
     def name(self) -> str:
         problem = "" if self.problem == "dense" else f"{self.problem}_"
         epilogue = "" if self.epilogue == "none" else f"_{self.epilogue}"
