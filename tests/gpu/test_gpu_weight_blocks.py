@@ -72,9 +72,10 @@ def test_the_recipe_is_the_same_through_either_form():
             np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 
-def test_gradient_accumulation_runs_the_kernel_once_per_step():
-    """Micro-batches in a lax.scan over one set of weights: the weight-block
-    kernel is hoisted out of the loop, as XLA's form is on the CPU."""
+def test_gradient_accumulation_hoists_the_kernel_wherever_xla_hoists_its_form():
+    """Micro-batches in a lax.scan over one set of weights: one weight-block
+    call per step, and outside the loop wherever the compiler moves XLA's own
+    form out (its CPU pipeline does; a GPU pipeline may keep both inside)."""
     w = (jax.random.normal(jax.random.key(3), (4, 256, 384)) * 0.05).astype(jnp.bfloat16)
     xs = jax.random.normal(jax.random.key(4), (3, 512, 256), jnp.bfloat16)
     sizes = jnp.asarray([128, 200, 0, 184], jnp.int32)
@@ -87,14 +88,20 @@ def test_gradient_accumulation_runs_the_kernel_once_per_step():
         step = lambda total, x: (total + weight_gradient(x, w), None)  # noqa: E731
         return jax.lax.scan(step, jnp.zeros(w.shape, jnp.float32), xs)[0]
 
+    amax = "dimensions={2,4}, to_apply"  # XLA's form: the blocks' amax over the two in-block axes
+    with kernel_default_as(False):
+        xla_hlo = compiled_text(jax.jit(accumulate), w, xs)
+    # where the compiler rewrote that reduction past recognition, hoisting is not compared
+    xla_form_in_loop = amax not in xla_hlo or bool(in_while_loops(xla_hlo, amax))
     with kernel_default_as(True):
         run = jax.jit(accumulate)
         hlo = compiled_text(run, w, xs)
         target = FFI_TARGETS["quantize_weight_blocks"]
         if target not in hlo:
             pytest.skip("the weight-block kernel does not run here")
-        # one call in the step, outside any loop (XLA may also unroll so short a loop)
-        assert hlo.count(f'custom_call_target="{target}"') == 1 and not in_while_loops(hlo, target)
+        # one call in the step (XLA may also unroll so short a loop)
+        assert hlo.count(f'custom_call_target="{target}"') == 1
+        assert xla_form_in_loop or not in_while_loops(hlo, target), "XLA hoists its own form but not the kernel"
         got = run(w, xs)
     want = sum(jax.jit(weight_gradient)(x, w) for x in xs)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
