@@ -111,14 +111,19 @@ def test_a_case_jax_cluster_cannot_run_is_recorded_and_the_run_goes_on(bench, tm
             raise MemoryError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 7.00GiB")
         return measure(cfg, *args, **kwargs)
 
+    asked = []  # the cases handed to XLA's experimental paths: only those jax_cluster ran
     monkeypatch.setattr(bench, "measure", too_large)
+    monkeypatch.setattr(bench, "experimental_xla", lambda path, argv: asked.append(argv) or [])
     args = ["--smoke", "--routings", "skewed", "--configs", "smoke-a,smoke-b", "--iterations", "1"]
-    bench.main([*args, "--out", str(tmp_path)])
+    bench.main([*args, "--experimental-xla", "--out", str(tmp_path)])
     payload = json.loads((tmp_path / "moe_mlp.json").read_text())
     failed, ran = payload["rows"]
     assert failed["jc_ms"] is None and "Out of memory" in failed["jc_error"]
     assert ran["config"] == "smoke-b" and ran["jc_ms"] > 0
     assert payload["summary"]["rows"] == 2 and payload["summary"]["rows_jax_cluster_could_not_run"] == 1
+    assert asked and all(argv[argv.index("--configs") + 1] == "smoke-b" for argv in asked)
+    for path in bench.XLA_PATHS:
+        assert failed[f"{path}_ms"] is None and "did not run" in failed[f"{path}_error"]
 
     def wrong(*args, **kwargs):
         raise bench.WrongResult("off by 1e-1")
