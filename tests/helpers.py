@@ -88,6 +88,32 @@ def in_while_loops(hlo: str, needle: str) -> list[str]:
     return sorted(name for name in seen if needle in blocks.get(name, ""))
 
 
+# XLA's form of the weight-block quantization: the blocks' amax, a reduction
+# over the two in-block axes of w as [G, K/128, 128, N/128, 128]
+WEIGHT_BLOCK_AMAX = "dimensions={2,4}, to_apply"
+
+
+def fp8_accumulation_case():
+    """A gradient-accumulation step of the fp8 grouped recipe, three
+    micro-batches in a lax.scan over one set of weights: (accumulate,
+    weight_gradient, w, xs), accumulate(w, xs) summing weight_gradient(x, w)."""
+    from jax_cluster.ops.fp8_training import fp8_grouped
+
+    w = (jax.random.normal(jax.random.key(3), (4, 256, 384)) * 0.05).astype(jnp.bfloat16)
+    xs = jax.random.normal(jax.random.key(4), (3, 512, 256), jnp.bfloat16)
+    sizes = jnp.asarray([128, 200, 0, 184], jnp.int32)
+
+    def weight_gradient(x, w):
+        loss = lambda w: jnp.sum(fp8_grouped(x, w, sizes).astype(jnp.float32) ** 2)  # noqa: E731
+        return jax.grad(loss)(w).astype(jnp.float32)
+
+    def accumulate(w, xs):
+        step = lambda total, x: (total + weight_gradient(x, w), None)  # noqa: E731
+        return jax.lax.scan(step, jnp.zeros(w.shape, jnp.float32), xs)[0]
+
+    return accumulate, weight_gradient, w, xs
+
+
 def rel_error(out, ref) -> float:
     out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
     ref = np.asarray(jnp.asarray(ref, jnp.float32), np.float64)

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import compiled_text, in_while_loops
+from helpers import WEIGHT_BLOCK_AMAX, compiled_text, fp8_accumulation_case, in_while_loops
 
 from jax_cluster.ops.fp8_training import fp8_grouped, fp8_linear
 from jax_cluster.planning.tables import FFI_TARGETS
@@ -76,23 +76,11 @@ def test_gradient_accumulation_hoists_the_kernel_wherever_xla_hoists_its_form():
     """Micro-batches in a lax.scan over one set of weights: one weight-block
     call per step, and outside the loop wherever the compiler moves XLA's own
     form out (its CPU pipeline does; a GPU pipeline may keep both inside)."""
-    w = (jax.random.normal(jax.random.key(3), (4, 256, 384)) * 0.05).astype(jnp.bfloat16)
-    xs = jax.random.normal(jax.random.key(4), (3, 512, 256), jnp.bfloat16)
-    sizes = jnp.asarray([128, 200, 0, 184], jnp.int32)
-
-    def weight_gradient(x, w):
-        loss = lambda w: jnp.sum(fp8_grouped(x, w, sizes).astype(jnp.float32) ** 2)  # noqa: E731
-        return jax.grad(loss)(w).astype(jnp.float32)
-
-    def accumulate(w, xs):
-        step = lambda total, x: (total + weight_gradient(x, w), None)  # noqa: E731
-        return jax.lax.scan(step, jnp.zeros(w.shape, jnp.float32), xs)[0]
-
-    amax = "dimensions={2,4}, to_apply"  # XLA's form: the blocks' amax over the two in-block axes
+    accumulate, weight_gradient, w, xs = fp8_accumulation_case()
     with kernel_default_as(False):
         xla_hlo = compiled_text(jax.jit(accumulate), w, xs)
     # where the compiler rewrote that reduction past recognition, hoisting is not compared
-    xla_form_in_loop = amax not in xla_hlo or bool(in_while_loops(xla_hlo, amax))
+    xla_form_in_loop = WEIGHT_BLOCK_AMAX not in xla_hlo or bool(in_while_loops(xla_hlo, WEIGHT_BLOCK_AMAX))
     with kernel_default_as(True):
         run = jax.jit(accumulate)
         hlo = compiled_text(run, w, xs)
