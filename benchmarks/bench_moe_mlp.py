@@ -25,8 +25,10 @@ Contenders, each the same MoEMLP layer with another `ragged_dot`:
   group sizes, each block's products and weight-gradient partials apart),
   and with --micro-batches M, a step of M micro-batches accumulated in a
   `lax.scan` over the same weights into bf16 sums, per micro-batch
-  (`jc_accum_ms`, and with --fp8 `jc_fp8_accum_ms`: the weights' fp8
-  quantization, which XLA moves out of the loop, paid once for the M);
+  (`jc_accum_ms`, and with --fp8 `jc_fp8_accum_ms`, each micro-batch's
+  products quantizing the weights, which the compiler may or may not move
+  out of the loop, and `jc_fp8_accum_ahead_ms`, the weights quantized once
+  before the loop by `MoEMLP.fp8_weights()` and read by every micro-batch);
 - tokamax: `tokamax.ragged_dot(..., implementation="mosaic")`, its default
   config (the backend MaxText picks on GPU);
 - xla: `jax.lax.ragged_dot`;
@@ -228,9 +230,10 @@ def blocked_step_fn(graph, blocks: int):
 def step_fn(graph):
     """(state, x, dy, order, weights, sizes) -> (y, state gradient, x gradient)."""
 
-    def step(state, x, dy, order, weights, sizes):
+    def step(state, x, dy, order, weights, sizes, fp8_weights=None):
         def forward(state, x):
-            return nnx.merge(graph, state).routed(x[None], order[None], weights[None], sizes[None])[0]
+            layer = nnx.merge(graph, state)
+            return layer.routed(x[None], order[None], weights[None], sizes[None], fp8_weights=fp8_weights)[0]
 
         y, pullback = jax.vjp(forward, state, x)
         return y, *pullback(dy)
@@ -238,16 +241,19 @@ def step_fn(graph):
     return step
 
 
-def accumulated_step_fn(graph):
+def accumulated_step_fn(graph, ahead: bool = False):
     """(state, xs, dys, order, weights, sizes) -> the state gradient summed
     over the micro-batches xs, dys [M, T, D] (one routing for all), in the
     parameters' dtype: a float32 sum of a DeepSeek-V3 layer's gradients
-    would hold 45 GB beside them."""
+    would hold 45 GB beside them. `ahead`: the fp8 layer's weights quantized
+    once, before the loop (`MoEMLP.fp8_weights()`)."""
     step = step_fn(graph)
 
     def accumulate(state, xs, dys, order, weights, sizes):
+        quantized = nnx.merge(graph, state).fp8_weights() if ahead else None
+
         def one(total, batch):
-            grads = step(state, *batch, order, weights, sizes)[1]
+            grads = step(state, *batch, order, weights, sizes, quantized)[1]
             return jax.tree.map(lambda t, g: t + g.astype(t.dtype), total, grads), None
 
         return jax.lax.scan(one, jax.tree.map(jnp.zeros_like, state), (xs, dys))[0]
@@ -424,12 +430,14 @@ def measure(
     if micro > 1:  # gradient accumulation: M micro-batches a step, per micro-batch
         row["micro_batches"] = micro
         xs, dys = micro_batches(x, dy, micro)
-        forms = [("jc_accum", None)] + ([("jc_fp8_accum", "blockwise")] if fp8 else [])
-        for key, recipe in forms:
+        forms = [("jc_accum", None, False)]
+        if fp8:
+            forms += [("jc_fp8_accum", "blockwise", False), ("jc_fp8_accum_ahead", "blockwise", True)]
+        for key, recipe, ahead in forms:
             row[f"{key}_ms"] = None
             try:
                 layer_graph = make_layer(cfg, jax_cluster.ragged_dot, abstract=True, fp8=recipe)[0]
-                accumulate = accumulated_step_fn(layer_graph)
+                accumulate = accumulated_step_fn(layer_graph, ahead)
                 total = kept(jax.tree.leaves(jax.jit(accumulate)(state, xs, dys, order, weights, sizes)))
                 # against samples of the same micro-batches' gradients, taken one by one, summed in float32
                 single, summed = jax.jit(step_fn(layer_graph)), None
@@ -542,6 +550,11 @@ def summary(rows) -> dict:
         ),
         "geomean_speedup_fp8_vs_bf16_accumulated": geomean(
             r["jc_accum_ms"] / r["jc_fp8_accum_ms"] for r in rows if r.get("jc_fp8_accum_ms") and r.get("jc_accum_ms")
+        ),
+        "geomean_speedup_fp8_ahead_vs_bf16_accumulated": geomean(
+            r["jc_accum_ms"] / r["jc_fp8_accum_ahead_ms"]
+            for r in rows
+            if r.get("jc_fp8_accum_ahead_ms") and r.get("jc_accum_ms")
         ),
     }
 

@@ -93,22 +93,29 @@ def in_while_loops(hlo: str, needle: str) -> list[str]:
 WEIGHT_BLOCK_AMAX = "dimensions={2,4}, to_apply"
 
 
-def fp8_accumulation_case():
+def fp8_accumulation_case(ahead: bool = False):
     """A gradient-accumulation step of the fp8 grouped recipe, three
     micro-batches in a lax.scan over one set of weights: (accumulate,
-    weight_gradient, w, xs), accumulate(w, xs) summing weight_gradient(x, w)."""
-    from jax_cluster.ops.fp8_training import fp8_grouped
+    weight_gradient, w, xs), accumulate(w, xs) summing weight_gradient(x, w).
+    With `ahead` the step quantizes the weights once, before the loop
+    (fp8_weights), and every micro-batch reads that; weight_gradient always
+    quantizes its own."""
+    from jax_cluster.ops.fp8_training import fp8_grouped, fp8_weights
 
     w = (jax.random.normal(jax.random.key(3), (4, 256, 384)) * 0.05).astype(jnp.bfloat16)
     xs = jax.random.normal(jax.random.key(4), (3, 512, 256), jnp.bfloat16)
     sizes = jnp.asarray([128, 200, 0, 184], jnp.int32)
 
-    def weight_gradient(x, w):
-        loss = lambda w: jnp.sum(fp8_grouped(x, w, sizes).astype(jnp.float32) ** 2)  # noqa: E731
+    def weight_gradient(x, w, weights=None):
+        def loss(w):
+            y = fp8_grouped(x, w, sizes, "blockwise", jnp.float8_e4m3fn, None, weights)
+            return jnp.sum(y.astype(jnp.float32) ** 2)
+
         return jax.grad(loss)(w).astype(jnp.float32)
 
     def accumulate(w, xs):
-        step = lambda total, x: (total + weight_gradient(x, w), None)  # noqa: E731
+        weights = fp8_weights(w) if ahead else None
+        step = lambda total, x: (total + weight_gradient(x, w, weights), None)  # noqa: E731
         return jax.lax.scan(step, jnp.zeros(w.shape, jnp.float32), xs)[0]
 
     return accumulate, weight_gradient, w, xs

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jax_cluster.ops.fp8_training import check_recipe, fp8_grouped
+from jax_cluster.ops.fp8_training import Fp8Weights, check_recipe, fp8_grouped, fp8_weights
 from jax_cluster.ops.gated import gated_ragged_dot, split_gate_up_blocks
 from jax_cluster.ops.ragged_dot import ragged_dot as cluster_ragged_dot
 from jax_cluster.primitives.activations import activation_fn
@@ -26,7 +26,9 @@ class GroupedLinear(nnx.Module):
     `ragged_dot=` swaps the product (e.g. `jax.lax.ragged_dot` as a reference,
     which takes [G] sizes only). `fp8="blockwise"` or `"mxfp8"` runs the three products
     on block-scaled fp8 operands quantized on the fly (see
-    `jax_cluster.ops.fp8_training`; rows and features in multiples of 128).
+    `jax_cluster.ops.fp8_training`; rows and features in multiples of 128);
+    `fp8_weights()` quantizes the kernels ahead, for calls that pass it back
+    (`fp8_weights=`) while the kernels keep their values.
     """
 
     def __init__(
@@ -52,15 +54,24 @@ class GroupedLinear(nnx.Module):
         self.preferred_element_type = preferred_element_type
         self.ragged_dot = ragged_dot
 
-    def __call__(self, x, group_sizes, group_offset=None):
+    def fp8_weights(self) -> Fp8Weights:
+        """The kernels (in the layer's dtype, where set) quantized for the fp8
+        recipe (`ops.fp8_training.fp8_weights`), for calls that pass them as
+        `fp8_weights=` while the weights keep their values."""
+        return fp8_weights(self.kernel[...], self.fp8, dtype=self.dtype)
+
+    def __call__(self, x, group_sizes, group_offset=None, *, fp8_weights: Fp8Weights | None = None):
         """x [M, in] by each row's group's kernel. `group_offset` (expert
         parallelism): this layer holds the experts from it on, group_sizes
-        all of them; rows of the others come out zero (ragged_dot's rule)."""
+        all of them; rows of the others come out zero (ragged_dot's rule).
+        `fp8_weights`: what `fp8_weights()` returned for these kernels."""
         kernel = self.kernel[...]
         # nnx.Linear's promotion: the given dtype, else the inputs' common type
         dtype = self.dtype or jnp.result_type(x, kernel)
+        if fp8_weights is not None and self.fp8 is None:
+            raise ValueError("jax_cluster.nn.GroupedLinear: fp8_weights= needs a layer made with fp8=")
         if self.fp8 is not None:
-            args = (group_sizes, self.fp8, jnp.float8_e4m3fn, group_offset)
+            args = (group_sizes, self.fp8, jnp.float8_e4m3fn, group_offset, fp8_weights)
             return fp8_grouped(x.astype(dtype), kernel.astype(dtype), *args)
         offset = {} if group_offset is None else {"group_offset": group_offset}
         return self.ragged_dot(
@@ -71,7 +82,7 @@ class GroupedLinear(nnx.Module):
             **offset,
         )
 
-    def gated(self, x, group_sizes, activation):
+    def gated(self, x, group_sizes, activation, *, fp8_weights: Fp8Weights | None = None):
         """act(gate) * up for a kernel [G, in, 2H] whose columns are gate and
         up in alternating blocks of 8 (`jax_cluster.interleave_gate_up`).
         `activation` is a name ("silu", "gelu", "gelu_exact", "relu") or a
@@ -90,7 +101,7 @@ class GroupedLinear(nnx.Module):
                 activation=name,
                 preferred_element_type=self.preferred_element_type,
             )
-        gate, up = split_gate_up_blocks(self(x, group_sizes))
+        gate, up = split_gate_up_blocks(self(x, group_sizes, fp8_weights=fp8_weights))
         return (activation_fn(activation) if isinstance(activation, str) else activation)(gate) * up
 
 

@@ -4,10 +4,11 @@ a plain GEMM and one XLA pass (see jax_cluster.linear)."""
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 from flax import nnx
 
 from jax_cluster.ops.dense import dot_general as cluster_dot_general
-from jax_cluster.ops.fp8_training import check_recipe, fp8_linear
+from jax_cluster.ops.fp8_training import Fp8Weights, check_recipe, fp8_linear, fp8_weights
 from jax_cluster.ops.linear import linear
 from jax_cluster.ops.precision import check_precision, needs_xla
 from jax_cluster.primitives.activations import activation_fn
@@ -29,7 +30,9 @@ class Linear(nnx.Linear):
     (e8m0 scales per 32 values) runs the forward product and both backward
     products on block-scaled fp8 operands quantized on the fly
     (`jax_cluster.ops.fp8_training`; rows and features in multiples of 128);
-    the parameters stay as they are.
+    the parameters stay as they are. `fp8_weights()` quantizes the kernel
+    ahead, for calls that pass it back (`fp8_weights=`): the micro-batches of
+    a step then share one quantization of the weights.
     """
 
     def __init__(
@@ -47,12 +50,20 @@ class Linear(nnx.Linear):
         super().__init__(in_features, out_features, dot_general=dot_general, **kwargs)
         self.activation, self.fp8 = activation, fp8
 
-    def __call__(self, inputs, out_sharding=None):
+    def fp8_weights(self) -> Fp8Weights:
+        """The kernel (in the layer's dtype, where set) quantized for the fp8
+        recipe (`ops.fp8_training.fp8_weights`), for calls that pass them as
+        `fp8_weights=` while the weights keep their values."""
+        return fp8_weights(self.kernel[...], self.fp8, dtype=self.dtype)
+
+    def __call__(self, inputs, out_sharding=None, *, fp8_weights: Fp8Weights | None = None):
         kernel = self.kernel[...]
         bias = self.bias[...] if self.bias is not None else None
         promoted, kernel, bias = self.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
+        if fp8_weights is not None and self.fp8 is None:
+            raise ValueError("jax_cluster.nn.Linear: fp8_weights= needs a layer made with fp8=")
         if self.fp8 is not None:
-            y = fp8_linear(promoted, kernel, self.fp8)
+            y = fp8_linear(promoted, kernel, self.fp8, jnp.float8_e4m3fn, fp8_weights)
             return activation_fn(self.activation)(y if bias is None else y + bias)
         if (
             self.dot_general is not cluster_dot_general

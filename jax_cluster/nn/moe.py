@@ -12,6 +12,7 @@ from flax import nnx
 from jax_cluster.nn.grouped import GroupedLinear
 from jax_cluster.nn.linear import Linear
 from jax_cluster.ops.dense import dot_general as cluster_dot_general
+from jax_cluster.ops.fp8_training import Fp8Weights
 from jax_cluster.ops.gated import interleave_gate_up, split_gate_up_blocks
 from jax_cluster.ops.ragged_dot import ragged_dot as cluster_ragged_dot
 from jax_cluster.planning.tables import GATE_BLOCK
@@ -64,6 +65,9 @@ class MoEMLP(nnx.Module):
 
     `fp8="blockwise"` or `"mxfp8"` runs the experts' products in that fp8
     recipe (`GroupedLinear`); the router stays in the layer's dtype.
+    `fp8_weights()` quantizes the experts' kernels ahead, for calls that pass
+    it back (`fp8_weights=`): micro-batches accumulated in one step then
+    share one quantization of the weights instead of making their own.
     """
 
     def __init__(
@@ -114,7 +118,17 @@ class MoEMLP(nnx.Module):
             self.up = grouped(features, hidden)
         self.down = grouped(hidden, features)
 
-    def __call__(self, x):
+    def _experts(self) -> tuple[str, ...]:
+        return ("gate_up", "down") if self.fuse_gate_up else ("gate", "up", "down")
+
+    def fp8_weights(self) -> dict[str, Fp8Weights]:
+        """Each expert product's kernels quantized for the fp8 recipe
+        (`GroupedLinear.fp8_weights`), by the product's name, for calls that
+        pass them as `fp8_weights=` while the kernels keep their values."""
+        return {name: getattr(self, name).fp8_weights() for name in self._experts()}
+
+    def __call__(self, x, *, fp8_weights: dict[str, Fp8Weights] | None = None):
+        """`fp8_weights`: what `fp8_weights()` returned for these kernels."""
         features = x.shape[-1]
         tokens = x.reshape(-1, features)
         blocks = self.token_blocks
@@ -123,9 +137,12 @@ class MoEMLP(nnx.Module):
         per_block = tokens.shape[0] // blocks
         logits = self.router(tokens).reshape(blocks, per_block, -1)
         order, weights, sizes = jax.vmap(functools.partial(route, top_k=self.top_k))(logits)
-        return self.routed(tokens.reshape(blocks, per_block, features), order, weights, sizes).reshape(x.shape)
+        routed = self.routed(
+            tokens.reshape(blocks, per_block, features), order, weights, sizes, fp8_weights=fp8_weights
+        )
+        return routed.reshape(x.shape)
 
-    def routed(self, tokens, order, weights, sizes):
+    def routed(self, tokens, order, weights, sizes, *, fp8_weights: dict[str, Fp8Weights] | None = None):
         """The experts' part for tokens already routed: `tokens` [S, T, D] in S
         blocks, and per block what `route` gives (`order` and `weights`
         [S, T*top_k], `sizes` [S, E]). Returns [S, T, D]. Each block's
@@ -140,17 +157,30 @@ class MoEMLP(nnx.Module):
         rows = _permute_rows(slots.reshape(blocks, per_block * self.top_k, features), _inverse(unsort))
         rows = rows.reshape(-1, features)  # [S*T*top_k, D], sorted
         sizes = sizes if blocks > 1 else sizes[0]
+        ahead = self._fp8_weights_by_product(fp8_weights)
         if self.fuse_gate_up:
-            hidden = self.gate_up.gated(rows, sizes, self.activation)
+            hidden = self.gate_up.gated(rows, sizes, self.activation, fp8_weights=ahead["gate_up"])
         else:
-            hidden = self.activation(self.gate(rows, sizes)) * self.up(rows, sizes)
-        out = self.down(hidden, sizes).reshape(blocks, per_block * self.top_k, features)
+            gate = self.gate(rows, sizes, fp8_weights=ahead["gate"])
+            hidden = self.activation(gate) * self.up(rows, sizes, fp8_weights=ahead["up"])
+        out = self.down(hidden, sizes, fp8_weights=ahead["down"]).reshape(blocks, per_block * self.top_k, features)
         # back to (token, slot) order, then each token's weighted sum over its slots
         unsorted = _permute_rows(out, unsort)
         return (
             unsorted.reshape(blocks, per_block, self.top_k, features)
             * weights.reshape(blocks, per_block, self.top_k, 1).astype(out.dtype)
         ).sum(2)
+
+    def _fp8_weights_by_product(self, fp8_weights) -> dict:
+        names = self._experts()
+        if fp8_weights is None:
+            return dict.fromkeys(names)
+        if not isinstance(fp8_weights, dict) or set(fp8_weights) != set(names):
+            raise ValueError(
+                f"MoEMLP: fp8_weights must be what fp8_weights() returns, a dict of {names}, "
+                f"got {sorted(fp8_weights) if isinstance(fp8_weights, dict) else type(fp8_weights).__name__}"
+            )
+        return fp8_weights
 
 
 def _permute_rows(x, index):

@@ -20,7 +20,10 @@ The blockwise recipe quantizes each weight once into both layouts its two
 products read (ops/quantize.quantize_weight: W^T [N, K] for the forward, W
 as stored for d_input, sharing the blocks' scales); the forward keeps the
 second for the backward. Either way K, N and the rows must be multiples of
-128 (the kernels' K tile).
+128 (the kernels' K tile). `fp8_weights` does that quantization ahead, once
+for every call that reads the same kernel: micro-batches of a step
+accumulated in a loop then pass over the weights once per step, not once per
+micro-batch.
 In the grouped form the blockwise weight gradient takes x^T and dy^T both in
 (1, 128) tiles along the tokens, each group's tokens starting on a tile (the
 rows are regrouped with zeros between groups: primitives/token_tiles.py), so
@@ -94,6 +97,54 @@ def _rows_of(x, who, recipe_name):
     return rows
 
 
+@functools.partial(
+    jax.tree_util.register_dataclass, data_fields=("forward", "input_grad"), meta_fields=("recipe", "shape")
+)
+@dataclasses.dataclass(frozen=True)
+class Fp8Weights:
+    """A kernel quantized ahead for a recipe's two products that read it:
+    `forward` (QArray, W^T: [N, K] or [G, N, K]) and `input_grad` (QArray, W
+    as stored), made by `fp8_weights`. A call given one reads these instead
+    of quantizing its kernel; the kernel still takes the weight gradient, so
+    training is unchanged. They stand for the kernel's values when they were
+    made: make them again after each update of the kernel."""
+
+    forward: object
+    input_grad: object
+    recipe: str
+    shape: tuple[int, ...]
+
+
+def fp8_weights(kernel, recipe: str = "blockwise", *, dtype=None) -> Fp8Weights:
+    """`kernel` ([K, N], or [G, K, N] for the grouped form; cast to `dtype`
+    first where given, as a layer casts it) quantized for `recipe`'s forward
+    and input-gradient products, as fp8_linear and fp8_grouped would quantize
+    it on every call."""
+    check_recipe(recipe)
+    if recipe is None:
+        raise ValueError(f"{_WHO}: fp8_weights needs a recipe (a layer made with fp8=)")
+    if jnp.ndim(kernel) not in (2, 3):
+        raise ValueError(f"{_WHO}: fp8_weights takes a [K, N] or [G, K, N] kernel, got shape {jnp.shape(kernel)}")
+    kernel = kernel if dtype is None else kernel.astype(dtype)
+    forward, input_grad = _weight_operands(kernel, recipe)
+    return Fp8Weights(forward, input_grad, recipe, tuple(kernel.shape))
+
+
+def _weights_for(kernel, recipe: str, weights: Fp8Weights | None, who: str):
+    """The forward's and the input gradient's weight operands: `weights`'
+    where given (checked against the call), else quantized now."""
+    if weights is None:
+        return _weight_operands(kernel, recipe)
+    if not isinstance(weights, Fp8Weights):
+        raise TypeError(f"{who}: fp8_weights must come from fp8_weights(), got {type(weights).__name__}")
+    if weights.recipe != recipe or weights.shape != tuple(kernel.shape):
+        raise ValueError(
+            f"{who}: fp8_weights were made for a {weights.shape} kernel in the {weights.recipe} recipe; "
+            f"this call has a {tuple(kernel.shape)} kernel in the {recipe} recipe"
+        )
+    return weights.forward, weights.input_grad
+
+
 def _weight_operands(kernel, recipe: str):
     """The weight as the forward reads it (W^T: [N, K], or [G, N, K],
     contracted over its last axis) and as the input gradient reads it (W as
@@ -109,18 +160,19 @@ def _weight_operands(kernel, recipe: str):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def fp8_linear(x, kernel, recipe="blockwise", grad_dtype=jnp.float8_e4m3fn):
-    """x [..., K] @ kernel [K, N] with the recipe's three fp8 products."""
-    return _linear_forward(x, kernel, recipe, grad_dtype)[0]
+def fp8_linear(x, kernel, recipe="blockwise", grad_dtype=jnp.float8_e4m3fn, weights=None):
+    """x [..., K] @ kernel [K, N] with the recipe's three fp8 products.
+    `weights` (fp8_weights(kernel, recipe)) skips quantizing the kernel."""
+    return _linear_forward(x, kernel, recipe, grad_dtype, weights)[0]
 
 
 _CONTRACT_LAST = (((1,), (1,)), ((), ()))  # [M, C] . [D, C] over C
 
 
-def _linear_forward(x, kernel, recipe, grad_dtype):
+def _linear_forward(x, kernel, recipe, grad_dtype, weights=None):
     r = _recipe(recipe, grad_dtype)
     rows = _rows_of(x, "fp8_linear", recipe)
-    w_t, w = _weight_operands(kernel, recipe)
+    w_t, w = _weights_for(kernel, recipe, weights, "fp8_linear")
     y = dot_general(quantize(rows, block=r.rows), w_t, _CONTRACT_LAST, preferred_element_type=x.dtype)
     return y.reshape(*x.shape[:-1], kernel.shape[1]), (x, kernel, w)
 
@@ -136,7 +188,7 @@ def _linear_backward(recipe, grad_dtype, saved, dy):
     else:
         dy_tokens = quantize(grads, block=r.grad_tokens, dtype=grad_dtype)
         dw = matmul(quantize(rows.T, block=r.tokens), dy_tokens, out_dtype=jnp.float32)
-    return dx.reshape(x.shape), dw.astype(kernel.dtype)
+    return dx.reshape(x.shape), dw.astype(kernel.dtype), None  # none for the weights made ahead
 
 
 def _blockwise_weight_gradient(rows, grads, grad_dtype):
@@ -157,20 +209,23 @@ fp8_linear.defvjp(_linear_forward, _linear_backward)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def fp8_grouped(x, kernel, group_sizes, recipe="blockwise", grad_dtype=jnp.float8_e4m3fn, group_offset=None):
+def fp8_grouped(
+    x, kernel, group_sizes, recipe="blockwise", grad_dtype=jnp.float8_e4m3fn, group_offset=None, weights=None
+):
     """ragged_dot(x [M, K], kernel [G, K, N], group_sizes) with the recipe's
     three fp8 products. group_sizes is [G], or [S, G] for S row blocks.
     `group_offset` (expert parallelism, as ragged_dot's): kernel holds the
     G_local experts from it on, group_sizes all of them; rows of the other
     experts come out zero, with zero input gradients, and add nothing to
-    the weight gradient."""
-    return _grouped_forward(x, kernel, group_sizes, recipe, grad_dtype, group_offset)[0]
+    the weight gradient. `weights` (fp8_weights(kernel, recipe)) skips
+    quantizing the kernel."""
+    return _grouped_forward(x, kernel, group_sizes, recipe, grad_dtype, group_offset, weights)[0]
 
 
-def _grouped_forward(x, kernel, group_sizes, recipe, grad_dtype, group_offset=None):
+def _grouped_forward(x, kernel, group_sizes, recipe, grad_dtype, group_offset=None, weights=None):
     r = _recipe(recipe, grad_dtype)
     _rows_of(x, "fp8_grouped", recipe)
-    w_t, w = _weight_operands(kernel, recipe)
+    w_t, w = _weights_for(kernel, recipe, weights, "fp8_grouped")
     y = ragged_dot(
         quantize(x, block=r.rows),
         w_t,
@@ -209,7 +264,7 @@ def _grouped_backward(recipe, grad_dtype, saved, dy):
         if dw is None:
             xq, dyq = (dequantize(quantize(v, block=r.grad_tokens), jnp.bfloat16) for v in (x, dy))
             dw = ragged(xq, dyq, sizes, problem="ragged_k", out_dtype=x.dtype)
-    return dx, dw.astype(kernel.dtype), None, None
+    return dx, dw.astype(kernel.dtype), None, None, None
 
 
 fp8_grouped.defvjp(_grouped_forward, _grouped_backward)

@@ -8,11 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import compiled_text, in_while_loops
+from helpers import compiled_text, fp8_accumulation_case, in_while_loops
 
 import jax_cluster
 from jax_cluster import _ffi
-from jax_cluster.ops.fp8_training import fp8_grouped, fp8_linear
+from jax_cluster.ops.fp8_training import Fp8Weights, fp8_grouped, fp8_linear, fp8_weights
 
 qwix = pytest.importorskip("qwix")
 nnx = pytest.importorskip("flax.nnx")
@@ -311,3 +311,111 @@ def test_gradient_accumulation_quantizes_the_weights_once_per_step():
     assert in_while_loops(compiled_text(moving, w, xs), amax)
     want = sum(weight_gradient(x, w) for x in xs)
     assert _relative(jax.jit(accumulate)(w, xs), want) < 1e-5
+
+
+@pytest.mark.parametrize("recipe", ["blockwise", "mxfp8"])
+def test_weights_quantized_ahead_give_the_same_step(recipe):
+    """fp8_weights made once and passed to the calls: the outputs and both
+    gradients of the calls that quantize their kernels, bit for bit."""
+    x = _normal(32, (256, 256)).astype(jnp.bfloat16)
+    w = (_normal(33, (256, 384)) * 0.05).astype(jnp.bfloat16)
+    wg = (_normal(34, (4, 256, 384)) * 0.05).astype(jnp.bfloat16)
+    sizes = jnp.asarray([100, 28, 0, 128], jnp.int32)
+    dense = lambda x, w, q: fp8_linear(x, w, recipe, E4M3, q)  # noqa: E731
+    grouped = lambda x, w, q: fp8_grouped(x, w, sizes, recipe, E4M3, None, q)  # noqa: E731
+    for fn, weight in ((dense, w), (grouped, wg)):
+
+        def step(x, w, ahead, fn=fn):
+            q = fp8_weights(w, recipe) if ahead else None
+            loss = lambda x, w: (fn(x, w, q).astype(jnp.float32) ** 2).sum()  # noqa: E731
+            return jax.value_and_grad(loss, argnums=(0, 1))(x, w)
+
+        run = jax.jit(step, static_argnums=2)
+        got, want = jax.tree.leaves(run(x, weight, True)), jax.tree.leaves(run(x, weight, False))
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+        q = fp8_weights(weight, recipe)
+        assert isinstance(q, Fp8Weights) and q.shape == weight.shape and q.recipe == recipe
+        assert len(jax.tree.leaves(q)) == 4  # each layout's values and scales
+
+
+def test_weights_quantized_ahead_leave_the_accumulation_loop():
+    """Quantized before a gradient-accumulation scan, the weights' block
+    quantization is outside the loop by construction, whatever the compiler
+    hoists; quantized per call, each micro-batch binds its own."""
+    name = "jax_cluster_quantize_weight_blocks"
+    for ahead, outside, inside in ((True, 1, 0), (False, 0, 1)):
+        accumulate, weight_gradient, w, xs = fp8_accumulation_case(ahead)
+        eqns = jax.make_jaxpr(accumulate)(w, xs).jaxpr.eqns
+        (scan,) = [e for e in eqns if e.primitive.name == "scan"]
+        assert sum(name in e.primitive.name for e in eqns) == outside
+        assert str(scan.params["jaxpr"]).count(name) == inside
+    got = jax.jit(fp8_accumulation_case(True)[0])(w, xs)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(accumulate)(w, xs)))
+
+
+def test_weights_quantized_ahead_must_match_the_call():
+    w = (_normal(35, (256, 384)) * 0.05).astype(jnp.bfloat16)
+    x = _normal(36, (128, 256)).astype(jnp.bfloat16)
+    with pytest.raises(ValueError, match="made for a \\(256, 384\\) kernel in the mxfp8 recipe"):
+        fp8_linear(x, w, "blockwise", E4M3, fp8_weights(w, "mxfp8"))
+    with pytest.raises(ValueError, match="made for a \\(256, 256\\) kernel"):
+        fp8_linear(x, w, "blockwise", E4M3, fp8_weights(w[:, :256]))
+    with pytest.raises(TypeError, match="must come from fp8_weights"):
+        fp8_linear(x, w, "blockwise", E4M3, jax_cluster.quantize_weight(w))
+    with pytest.raises(ValueError, match="fp8 must be None or one of"):
+        fp8_weights(w, "tensorwise")
+    plain = jcnn.Linear(256, 384, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="needs a recipe"):
+        plain.fp8_weights()
+    with pytest.raises(ValueError, match="needs a layer made with fp8="):
+        plain(x, fp8_weights=fp8_weights(w))
+
+
+@pytest.mark.parametrize("fuse_gate_up", [False, True])
+def test_fp8_layers_take_weights_quantized_ahead(fuse_gate_up):
+    """Linear and MoEMLP given their own fp8_weights(): the same outputs and
+    parameter gradients as quantizing on every call."""
+    x = _normal(37, (2, 128, 256))
+    layer = jcnn.Linear(256, 384, fp8="blockwise", dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    moe = jcnn.MoEMLP(256, 128, 4, 2, fp8="blockwise", fuse_gate_up=fuse_gate_up, dtype=jnp.bfloat16, rngs=nnx.Rngs(1))
+    for model in (layer, moe):
+        ahead = model.fp8_weights()
+
+        def loss(m, ahead):
+            return (m(x, fp8_weights=ahead).astype(jnp.float32) ** 2).sum()
+
+        got = nnx.value_and_grad(loss)(model, ahead)
+        want = nnx.value_and_grad(loss)(model, None)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    assert set(moe.fp8_weights()) == ({"gate_up", "down"} if fuse_gate_up else {"gate", "up", "down"})
+    with pytest.raises(ValueError, match="a dict of"):
+        moe(x, fp8_weights={"down": moe.down.fp8_weights()})
+
+
+def test_a_moe_step_accumulates_micro_batches_on_weights_quantized_once():
+    """The README's gradient-accumulation step: the layer split, its kernels
+    quantized before the scan, each micro-batch merging the parameters and
+    reading the quantized kernels. One quantization per expert product, all
+    outside the loop; the gradients of quantizing in every micro-batch."""
+    moe = jcnn.MoEMLP(256, 128, 4, 2, fp8="blockwise", dtype=jnp.bfloat16, rngs=nnx.Rngs(2))
+    batches = _normal(38, (3, 128, 256))
+
+    def step(batches, ahead):
+        graph, params = nnx.split(moe)
+        q = moe.fp8_weights() if ahead else None
+
+        def micro_batch(grads, batch):
+            loss = lambda p: (nnx.merge(graph, p)(batch, fp8_weights=q).astype(jnp.float32) ** 2).sum()  # noqa: E731
+            return jax.tree.map(jnp.add, grads, jax.grad(loss)(params)), None
+
+        return jax.lax.scan(micro_batch, jax.tree.map(jnp.zeros_like, params), batches)[0]
+
+    name = "jax_cluster_quantize_weight_blocks"
+    eqns = jax.make_jaxpr(step, static_argnums=1)(batches, True).jaxpr.eqns
+    (scan,) = [e for e in eqns if e.primitive.name == "scan"]
+    assert sum(name in e.primitive.name for e in eqns) == 3 and name not in str(scan.params["jaxpr"])
+    run = jax.jit(step, static_argnums=1)
+    for a, b in zip(jax.tree.leaves(run(batches, True)), jax.tree.leaves(run(batches, False)), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -82,14 +82,29 @@ def test_gradient_accumulation_hoists_the_kernel_wherever_xla_hoists_its_form():
     # where the compiler rewrote that reduction past recognition, hoisting is not compared
     xla_form_in_loop = WEIGHT_BLOCK_AMAX not in xla_hlo or bool(in_while_loops(xla_hlo, WEIGHT_BLOCK_AMAX))
     with kernel_default_as(True):
-        run = jax.jit(accumulate)
-        hlo = compiled_text(run, w, xs)
-        target = FFI_TARGETS["quantize_weight_blocks"]
-        if target not in hlo:
-            pytest.skip("the weight-block kernel does not run here")
         # one call in the step (XLA may also unroll so short a loop)
-        assert hlo.count(f'custom_call_target="{target}"') == 1
-        assert xla_form_in_loop or not in_while_loops(hlo, target), "XLA hoists its own form but not the kernel"
-        got = run(w, xs)
+        in_loops = _one_kernel_call_per_step(accumulate, weight_gradient, w, xs)
+    assert xla_form_in_loop or not in_loops, "XLA hoists its own form but not the kernel"
+
+
+def _one_kernel_call_per_step(accumulate, weight_gradient, w, xs):
+    """Checks the compiled step's one weight-block kernel call and its
+    gradients against quantizing per micro-batch; returns the loops holding
+    the call (skips where the kernel does not run)."""
+    run = jax.jit(accumulate)
+    hlo = compiled_text(run, w, xs)
+    target = FFI_TARGETS["quantize_weight_blocks"]
+    if target not in hlo:
+        pytest.skip("the weight-block kernel does not run here")
+    assert hlo.count(f'custom_call_target="{target}"') == 1
     want = sum(jax.jit(weight_gradient)(x, w) for x in xs)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(run(w, xs)), np.asarray(want), rtol=1e-5, atol=1e-6)
+    return in_while_loops(hlo, target)
+
+
+def test_weights_quantized_ahead_take_one_kernel_call_outside_the_loop():
+    """The same step with the weights quantized once before the loop
+    (fp8_weights): one weight-block call, outside the loop whatever the
+    compiler hoists, and the gradients of the step that quantizes per call."""
+    with kernel_default_as(True):
+        assert not _one_kernel_call_per_step(*fp8_accumulation_case(ahead=True))
