@@ -1,7 +1,9 @@
 """Whether XLA hoists the fp8 recipe's weight quantization out of a
 gradient-accumulation lax.scan on this device, for the weight-block kernel
 and for XLA's own form: where each lands in the optimized HLO, and which
-while-loop passes the compiler's pipeline ran (from its pass dump)."""
+while-loop passes the compiler's pipeline ran (from its pass dump). Beside
+them the weights quantized ahead (fp8_weights, before the loop), where the
+kernel's call is outside the loop by construction."""
 
 import argparse
 import glob
@@ -26,14 +28,15 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
-    accumulate, _, w, xs = fp8_accumulation_case()
     kernel_call = f'custom_call_target="{FFI_TARGETS["quantize_weight_blocks"]}"'
-    needles = {"kernel": kernel_call, "xla": WEIGHT_BLOCK_AMAX}
     report = {"device": jax.devices()[0].device_kind, "jax_version": jax.__version__}
-    for form, use_kernel in (("kernel", True), ("xla", False)):
+    forms = (("kernel", True, False, kernel_call), ("xla", False, False, WEIGHT_BLOCK_AMAX))
+    forms += (("kernel_ahead", True, True, kernel_call),)
+    for form, use_kernel, ahead, needle in forms:
+        accumulate, _, w, xs = fp8_accumulation_case(ahead)
         with kernel_default_as(use_kernel):
             hlo = compiled_text(jax.jit(accumulate), w, xs)
-        report[form] = {"calls": hlo.count(needles[form]), "in_while_loops": in_while_loops(hlo, needles[form])}
+        report[form] = {"calls": hlo.count(needle), "in_while_loops": in_while_loops(hlo, needle)}
     passes = sorted({os.path.basename(p).split(".", 3)[-1] for p in glob.glob(f"{DUMP}/*.txt")})
     report["while_passes_dumped"] = [p for p in passes if "invariant" in p or "while" in p][:40]
     print(json.dumps(report, indent=1))
