@@ -68,8 +68,7 @@ class GroupedLinear(nnx.Module):
         kernel = self.kernel[...]
         # nnx.Linear's promotion: the given dtype, else the inputs' common type
         dtype = self.dtype or jnp.result_type(x, kernel)
-        if fp8_weights is not None and self.fp8 is None:
-            raise ValueError("jax_cluster.nn.GroupedLinear: fp8_weights= needs a layer made with fp8=")
+        self._check_fp8_weights(fp8_weights)
         if self.fp8 is not None:
             args = (group_sizes, self.fp8, jnp.float8_e4m3fn, group_offset, fp8_weights)
             return fp8_grouped(x.astype(dtype), kernel.astype(dtype), *args)
@@ -90,6 +89,7 @@ class GroupedLinear(nnx.Module):
         one grouped GEMM with the gate in its epilogue computes it
         (`jax_cluster.gated_ragged_dot`); otherwise the layer's product, then
         the gate on XLA."""
+        self._check_fp8_weights(fp8_weights)
         name = activation if isinstance(activation, str) else _ACTIVATION_NAMES.get(activation)
         if name is not None and self.fp8 is None and self.ragged_dot is cluster_ragged_dot:
             kernel = self.kernel[...]
@@ -103,6 +103,10 @@ class GroupedLinear(nnx.Module):
             )
         gate, up = split_gate_up_blocks(self(x, group_sizes, fp8_weights=fp8_weights))
         return (activation_fn(activation) if isinstance(activation, str) else activation)(gate) * up
+
+    def _check_fp8_weights(self, fp8_weights):
+        if fp8_weights is not None and self.fp8 is None:
+            raise ValueError("jax_cluster.nn.GroupedLinear: fp8_weights= needs a layer made with fp8=")
 
 
 # the Flax activations the gated epilogue computes, by the name the kernel knows

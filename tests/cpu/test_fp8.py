@@ -370,6 +370,11 @@ def test_weights_quantized_ahead_must_match_the_call():
         plain.fp8_weights()
     with pytest.raises(ValueError, match="needs a layer made with fp8="):
         plain(x, fp8_weights=fp8_weights(w))
+    # the fused gate/up layer without a recipe, whose epilogue path never calls the layer's product
+    fused = jcnn.MoEMLP(256, 128, 4, 2, fuse_gate_up=True, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    ahead = {"gate_up": fp8_weights(fused.gate_up.kernel[...]), "down": fp8_weights(fused.down.kernel[...])}
+    with pytest.raises(ValueError, match="needs a layer made with fp8="):
+        fused(x, fp8_weights=ahead)
 
 
 @pytest.mark.parametrize("fuse_gate_up", [False, True])
