@@ -24,6 +24,25 @@ from jax_cluster.planning.tables import FFI_TARGETS  # noqa: E402
 from jax_cluster.primitives.weight_block_quantize import kernel_default_as  # noqa: E402
 
 
+def licm_steps(module: str, needle: str) -> list:
+    """Each dumped run of the while-loop invariant code motion pass on one
+    module: whether the form (`needle`) sat inside a while loop's body
+    before it and after it."""
+    steps = []
+    for before in sorted(glob.glob(f"{DUMP}/{module}.*before_while-loop-invariant-code-motion.txt")):
+        index = int(os.path.basename(before).split(".")[2])
+        after = glob.glob(f"{DUMP}/{module}.*.{index + 1:04d}.*after_while-loop-invariant-code-motion*.txt")
+        inside = lambda path: bool(in_while_loops(open(path).read(), needle))  # noqa: E731
+        steps.append(
+            {
+                "pipeline": os.path.basename(before).split(".")[3],
+                "inside_before": inside(before),
+                "inside_after": inside(after[0]) if after else None,
+            }
+        )
+    return steps
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=".")
@@ -37,6 +56,10 @@ def main():
         with kernel_default_as(use_kernel):
             hlo = compiled_text(jax.jit(accumulate), w, xs)
         report[form] = {"calls": hlo.count(needle), "in_while_loops": in_while_loops(hlo, needle)}
+    # the forms compiled one jit_accumulate module each, in order
+    modules = sorted({os.path.basename(p).split(".")[0] for p in glob.glob(f"{DUMP}/*.jit_accumulate.*")})
+    for (form, _, _, needle), module in zip(forms, modules):
+        report[form]["invariant_code_motion"] = licm_steps(module, needle)
     passes = sorted({os.path.basename(p).split(".", 3)[-1] for p in glob.glob(f"{DUMP}/*.txt")})
     report["while_passes_dumped"] = [p for p in passes if "invariant" in p or "while" in p][:40]
     print(json.dumps(report, indent=1))
