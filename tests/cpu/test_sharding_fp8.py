@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_cluster
 from jax_cluster import _ffi
-from jax_cluster.ops.fp8_training import fp8_grouped, fp8_linear
+from jax_cluster.ops.fp8_training import fp8_grouped, fp8_linear, fp8_weights
 from jax_cluster.planning import tables
 from jax_cluster.planning.device import DeviceInfo
 from jax_cluster.primitives import mx_scales, plans
@@ -229,18 +229,25 @@ def test_a_weight_split_off_its_blocks_is_gathered_not_refused(mesh, planned_cal
 
 @needs_8
 @needs_rows
+@pytest.mark.parametrize("ahead", [False, True])
 @pytest.mark.parametrize("w_spec", [P(), P(None, None, "y")])
-def test_the_grouped_recipe_trains_token_blocks_sharded(mesh, planned_calls, w_spec):
+def test_the_grouped_recipe_trains_token_blocks_sharded(mesh, planned_calls, w_spec, ahead):
     """[S, G] sizes with the tokens split S ways (data parallel), and the
     experts' N split too (tensor parallel): no gathers, the weight gradient
-    summed over the data-parallel shards."""
+    summed over the data-parallel shards; with the weights quantized ahead
+    (fp8_weights) as well, each shard quantizing its own blocks."""
     blocks, rows, groups = 8, 256, 4
     x, w = randn(15, (blocks * rows, 256), jnp.bfloat16), randn(16, (groups, 256, 512), jnp.bfloat16)
     cuts = np.sort(np.random.default_rng(1).integers(0, rows + 1, (blocks, groups)), axis=1)
     sizes = jnp.asarray(np.diff(cuts, axis=1, prepend=0), jnp.int32)
-    f = jax.jit(jax.grad(lambda x, w, s: (fp8_grouped(x, w, s).astype(jnp.float32) ** 2).sum(), (0, 1)))
+
+    def loss(x, w, s, q):
+        return (fp8_grouped(x, w, s, "blockwise", E4M3, None, q).astype(jnp.float32) ** 2).sum()
+
+    grads = jax.grad(loss, (0, 1))
+    f = jax.jit(lambda x, w, s: grads(x, w, s, fp8_weights(w) if ahead else None))
     assert "jax_cluster_scaled_ragged_dot" in str(jax.make_jaxpr(f)(x, w, sizes))
-    whole = f(x, w, sizes)
+    whole = jax.jit(lambda x, w, s: grads(x, w, s, None))(x, w, sizes)
     spec = P(("x", "y")) if w_spec == P() else P("x")
     args = put(mesh, x, spec), put(mesh, w, w_spec), put(mesh, sizes, spec)
     for got, want in zip(f(*args), whole):
