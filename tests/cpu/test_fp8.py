@@ -288,20 +288,8 @@ def test_gradient_accumulation_quantizes_the_weights_once_per_step():
     """Micro-batches in a lax.scan over one set of weights: XLA moves the
     weights' block quantization (its amax, f32[G, K/128, N/128]) out of the
     loop, so it is paid once per step, not once per micro-batch."""
-    groups, k, n, rows, micro = 4, 256, 384, 512, 3
-    w = (_normal(30, (groups, k, n)) * 0.05).astype(jnp.bfloat16)
-    xs = _normal(31, (micro, rows, k)).astype(jnp.bfloat16)
-    sizes = jnp.asarray([128, 200, 0, 184], jnp.int32)
-
-    def weight_gradient(x, w):
-        return _grads(lambda x, w: fp8_grouped(x, w, sizes), x, w)[1].astype(jnp.float32)
-
-    def accumulate(w, xs):
-        def one(total, x):
-            return total + weight_gradient(x, w), None
-
-        return jax.lax.scan(one, jnp.zeros(w.shape, jnp.float32), xs)[0]
-
+    accumulate, weight_gradient, w, xs = fp8_accumulation_case()
+    groups, k, n = w.shape
     hlo = compiled_text(jax.jit(accumulate), w, xs)
     amax = f"f32[{groups},{k // 128},{n // 128}]"
     assert amax in hlo and " while(" in hlo
@@ -339,17 +327,22 @@ def test_weights_quantized_ahead_give_the_same_step(recipe):
         assert len(jax.tree.leaves(q)) == 4  # each layout's values and scales
 
 
+def _weight_quantizations(closed_jaxpr) -> tuple[int, int]:
+    """The weight-block quantizations a step with one lax.scan binds outside
+    the scan and inside its body."""
+    name = "jax_cluster_quantize_weight_blocks"
+    eqns = closed_jaxpr.jaxpr.eqns
+    (scan,) = [e for e in eqns if e.primitive.name == "scan"]
+    return sum(name in e.primitive.name for e in eqns), str(scan.params["jaxpr"]).count(name)
+
+
 def test_weights_quantized_ahead_leave_the_accumulation_loop():
     """Quantized before a gradient-accumulation scan, the weights' block
     quantization is outside the loop by construction, whatever the compiler
     hoists; quantized per call, each micro-batch binds its own."""
-    name = "jax_cluster_quantize_weight_blocks"
     for ahead, outside, inside in ((True, 1, 0), (False, 0, 1)):
         accumulate, weight_gradient, w, xs = fp8_accumulation_case(ahead)
-        eqns = jax.make_jaxpr(accumulate)(w, xs).jaxpr.eqns
-        (scan,) = [e for e in eqns if e.primitive.name == "scan"]
-        assert sum(name in e.primitive.name for e in eqns) == outside
-        assert str(scan.params["jaxpr"]).count(name) == inside
+        assert _weight_quantizations(jax.make_jaxpr(accumulate)(w, xs)) == (outside, inside)
     got = jax.jit(fp8_accumulation_case(True)[0])(w, xs)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(accumulate)(w, xs)))
 
@@ -417,10 +410,7 @@ def test_a_moe_step_accumulates_micro_batches_on_weights_quantized_once():
 
         return jax.lax.scan(micro_batch, jax.tree.map(jnp.zeros_like, params), batches)[0]
 
-    name = "jax_cluster_quantize_weight_blocks"
-    eqns = jax.make_jaxpr(step, static_argnums=1)(batches, True).jaxpr.eqns
-    (scan,) = [e for e in eqns if e.primitive.name == "scan"]
-    assert sum(name in e.primitive.name for e in eqns) == 3 and name not in str(scan.params["jaxpr"])
+    assert _weight_quantizations(jax.make_jaxpr(step, static_argnums=1)(batches, True)) == (3, 0)
     run = jax.jit(step, static_argnums=1)
     for a, b in zip(jax.tree.leaves(run(batches, True)), jax.tree.leaves(run(batches, False)), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
