@@ -119,6 +119,8 @@ def main():
         "jax_cluster_command_buffers": jax_cluster.info().command_buffers,
         # False: JAX_CLUSTER_RECORD=0, kernel calls captured into XLA's command buffers
         "jax_cluster_record_stage": jax_cluster.info().record_stage,
+        # "runtime": JAX_CLUSTER_LAUNCH=runtime, kernels launched by cudaLaunchKernelExC
+        "jax_cluster_launch": os.environ.get("JAX_CLUSTER_LAUNCH") or "driver",
         "notes": [
             "wall_us: median over interleaved rounds of 50 back-to-back calls of a "
             "jit holding a chain of GEMMs, synced once, per GEMM",

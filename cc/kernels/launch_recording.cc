@@ -1,10 +1,105 @@
 #include "kernels/launch_recording.h"
 
+#include <cuda.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
+
 namespace jax_cluster {
+namespace {
+
+using LaunchKernelEx = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
+
+LaunchKernelEx driver_launch() {
+  static const LaunchKernelEx fn = [] {
+    void* entry = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &entry, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return LaunchKernelEx{nullptr};
+    }
+    return reinterpret_cast<LaunchKernelEx>(entry);
+  }();
+  return fn;
+}
+
+bool runtime_launch_asked() {
+  static const bool asked = [] {
+    const char* v = std::getenv("JAX_CLUSTER_LAUNCH");
+    return v != nullptr && std::strcmp(v, "runtime") == 0;
+  }();
+  return asked;
+}
+
+// The kernel's CUfunction in the current device's primary context.
+CUfunction function_of(const void* fn, int device) {
+  thread_local std::map<std::pair<const void*, int>, CUfunction> cache;
+  auto key = std::make_pair(fn, device);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  cudaFunction_t function = nullptr;
+  if (cudaGetFuncBySymbol(&function, fn) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return cache[key] = reinterpret_cast<CUfunction>(function);
+}
+
+cudaError_t runtime_launch(const void* fn, dim3 grid, dim3 block, dim3 cluster, unsigned smem,
+                           cudaStream_t stream, void** args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster.x;
+  attr[0].val.clusterDim.y = cluster.y;
+  attr[0].val.clusterDim.z = cluster.z;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = cluster.x * cluster.y * cluster.z > 1 ? 1 : 0;
+  return cudaLaunchKernelExC(&config, fn, args);
+}
+
+}  // namespace
 
 LaunchRecording*& active_launch_recording() {
   thread_local LaunchRecording* recording = nullptr;
   return recording;
+}
+
+cudaError_t launch_kernel_ex(const void* fn, dim3 grid, dim3 block, dim3 cluster, unsigned smem,
+                             cudaStream_t stream, void** args) {
+  LaunchKernelEx launch = driver_launch();
+  int device = 0;
+  if (launch == nullptr || runtime_launch_asked() || cudaGetDevice(&device) != cudaSuccess)
+    return runtime_launch(fn, grid, block, cluster, smem, stream, args);
+  CUfunction function = function_of(fn, device);
+  if (function == nullptr) return runtime_launch(fn, grid, block, cluster, smem, stream, args);
+  CUlaunchAttribute attr[1];
+  attr[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attr[0].value.clusterDim.x = cluster.x;
+  attr[0].value.clusterDim.y = cluster.y;
+  attr[0].value.clusterDim.z = cluster.z;
+  CUlaunchConfig config = {};
+  config.gridDimX = grid.x, config.gridDimY = grid.y, config.gridDimZ = grid.z;
+  config.blockDimX = block.x, config.blockDimY = block.y, config.blockDimZ = block.z;
+  config.sharedMemBytes = smem;
+  config.hStream = reinterpret_cast<CUstream>(stream);
+  config.attrs = attr;
+  config.numAttrs = cluster.x * cluster.y * cluster.z > 1 ? 1 : 0;
+  switch (launch(&config, function, args, nullptr)) {
+    case CUDA_SUCCESS: return cudaSuccess;
+    case CUDA_ERROR_INVALID_VALUE: return cudaErrorInvalidValue;
+    case CUDA_ERROR_OUT_OF_MEMORY: return cudaErrorMemoryAllocation;
+    case CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: return cudaErrorLaunchOutOfResources;
+    default: return cudaErrorLaunchFailure;
+  }
 }
 
 }  // namespace jax_cluster

@@ -74,6 +74,13 @@ struct LaunchRecording {
 // The recording active on this thread, or nullptr.
 LaunchRecording*& active_launch_recording();
 
+// One launch of `fn` (a cluster launch when `cluster` has more than one CTA)
+// through the driver's cuLaunchKernelEx on the kernel's CUfunction, looked up
+// once per kernel and device: the runtime's cudaLaunchKernelExC resolves the
+// function on every launch. JAX_CLUSTER_LAUNCH=runtime takes the runtime's path.
+cudaError_t launch_kernel_ex(const void* fn, dim3 grid, dim3 block, dim3 cluster, unsigned smem,
+                             cudaStream_t stream, void** args);
+
 // Launches `kernel` on `stream` (a cluster launch when `cluster` has more than
 // one CTA), or records it.
 template <class... Params, class... Args>
@@ -95,19 +102,7 @@ cudaError_t launch_or_record(void (*kernel)(Params...), dim3 grid, dim3 block, d
         ((pointers[i++] = &p), ...);
       },
       values);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster.x;
-  attr[0].val.clusterDim.y = cluster.y;
-  attr[0].val.clusterDim.z = cluster.z;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = attr;
-  config.numAttrs = cluster.x * cluster.y * cluster.z > 1 ? 1 : 0;
-  return cudaLaunchKernelExC(&config, fn, pointers);
+  return launch_kernel_ex(fn, grid, block, cluster, smem, stream, pointers);
 }
 
 }  // namespace jax_cluster
