@@ -53,7 +53,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from jax_cluster import nn as jcnn  # noqa: E402
 from jax_cluster.ops.fp8_training import RECIPES  # noqa: E402
-from jax_cluster.tuning.timing import span_ms  # noqa: E402
+from jax_cluster.tuning.timing import cupti_ms, span_ms  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +193,22 @@ def interleaved_ms(probes_by_side, rounds=5, calls=50):
     return {name: {side: statistics.median(ms) for side, ms in by_side.items()} for name, by_side in times.items()}
 
 
+def device_ms(probes_by_side, iterations=10):
+    """{probe: {side: kernel ms per call}} from CUPTI, or None where it cannot
+    time (no GPU): the programs' own cost, free of the host's dispatch."""
+    if jax.devices()[0].platform != "gpu":
+        return None
+    times = {name: {} for name in next(iter(probes_by_side.values()))}
+    try:
+        for side, probes in probes_by_side.items():
+            for name, (fn, args) in probes.items():
+                times[name][side] = cupti_ms(fn, [args], iterations)
+    except (ImportError, RuntimeError) as e:
+        print(f"device time: CUPTI cannot time here ({e})")
+        return None
+    return times
+
+
 def curve_difference(ours, theirs):
     """The largest gap between two loss curves, relative to the first loss."""
     if len(ours) != len(theirs) or not ours:
@@ -242,6 +258,7 @@ def main(argv=None):
     theirs, their_time, their_params, their_probes = train("flax", dims, dtype, args.steps, mesh=mesh)
     assert jax.tree.structure(our_params) == jax.tree.structure(their_params)
     timed = interleaved_ms({"jax_cluster": our_probes, "flax": their_probes}, args.rounds, args.calls)
+    device = device_ms({"jax_cluster": our_probes, "flax": their_probes})
 
     side = f", jax_cluster in fp8 ({recipe})" if recipe else ""
     side += f", data parallel over {mesh.size} devices" if mesh is not None else ""
@@ -262,6 +279,11 @@ def main(argv=None):
             f"{by_side['jax_cluster']:.3f} ms, flax {by_side['flax']:.3f} ms "
             f"({by_side['flax'] / by_side['jax_cluster']:.2f}x)"
         )
+    for name, by_side in (device or {}).items():
+        print(
+            f"{name} (device time, CUPTI): jax_cluster {by_side['jax_cluster']:.3f} ms, "
+            f"flax {by_side['flax']:.3f} ms ({by_side['flax'] / by_side['jax_cluster']:.2f}x)"
+        )
     if args.out is not None:
         record = {
             "device": jax.devices()[0].device_kind,
@@ -279,10 +301,13 @@ def main(argv=None):
             "step_ms": {"jax_cluster": our_time * 1e3, "flax": their_time * 1e3},
             # step and each block, forward + backward, dispatched back to back
             "timed_ms": timed,
+            # the same probes' kernel time per call (CUPTI); null without a GPU
+            "device_ms": device,
             "notes": [
                 "step_ms: wall time per step after the first in the training loop, which syncs every step",
                 f"timed_ms: wall ms per call over {args.calls} back-to-back calls synced once, median of "
                 f"{args.rounds} rounds alternating the sides; blocks are forward + backward",
+                "device_ms: median CUPTI kernel time per call over 10 calls, the host's dispatch left out",
             ],
         }
         fp8_suffix = {None: "", "blockwise": "_fp8"}.get(recipe, f"_{recipe}")
