@@ -47,13 +47,14 @@ def chain(mm, length):
     return jax.jit(run)
 
 
-def measure(n, length, rounds):
+def measure(n, length, rounds, schedule=None):
     ka, kb = jax.random.split(jax.random.key(n))
     # scaled so a chain of products stays O(1)
     a = (jax.random.normal(ka, (n, n), jnp.float32) / n**0.5).astype(jnp.bfloat16)
     b = (jax.random.normal(kb, (n, n), jnp.float32) / n**0.5).astype(jnp.bfloat16)
     # the kernel's call, whatever the routing would pick for this shape
-    plan = plan_gemm(n, n, n, dtype=jnp.bfloat16, a_major="k", b_major="n", route="kernel")
+    pins = {"schedule": schedule} if schedule else {}
+    plan = plan_gemm(n, n, n, dtype=jnp.bfloat16, a_major="k", b_major="n", route="kernel", **pins)
     # and the call as a user writes it, on the path the routing picks
     default = plan_gemm(n, n, n, dtype=jnp.bfloat16, a_major="k", b_major="n")
     sides = {
@@ -109,6 +110,7 @@ def main():
     parser.add_argument("--chain", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    parser.add_argument("--schedule", default=None, help="pin the kernel's schedule (default: the planner's)")
     args = parser.parse_args()
     flags = os.environ.get("XLA_FLAGS", "").strip()
     payload = {
@@ -120,7 +122,8 @@ def main():
         # False: JAX_CLUSTER_RECORD=0, kernel calls captured into XLA's command buffers
         "jax_cluster_record_stage": jax_cluster.info().record_stage,
         # "runtime": JAX_CLUSTER_LAUNCH=runtime, kernels launched by cudaLaunchKernelExC
-        "jax_cluster_launch": os.environ.get("JAX_CLUSTER_LAUNCH") or "driver",
+        "jax_cluster_launch": "runtime" if os.environ.get("JAX_CLUSTER_LAUNCH") == "runtime" else "driver",
+        "jax_cluster_schedule": args.schedule or "planned",
         "notes": [
             "wall_us: median over interleaved rounds of 50 back-to-back calls of a "
             "jit holding a chain of GEMMs, synced once, per GEMM",
@@ -131,7 +134,7 @@ def main():
         "rows": [],
     }
     for n in map(int, args.sizes.split(",")):
-        row = measure(n, args.chain, args.rounds)
+        row = measure(n, args.chain, args.rounds, args.schedule)
         payload["rows"].append(row)
         ours, xla = row["jax_cluster"], row["xla"]
         default = row["jax_cluster_default"]
@@ -144,6 +147,8 @@ def main():
         )
     if args.out:
         stem = common.results_stem("host_overhead_bf16", flags)
+        if args.schedule:
+            stem += f"_{args.schedule}"
         if not payload["jax_cluster_command_buffers"]:
             stem += "_thunks"
         elif not payload["jax_cluster_record_stage"]:

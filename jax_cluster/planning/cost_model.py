@@ -35,6 +35,12 @@ STREAM_K_OVERHEAD = 1.10  # partial-tile fix-up traffic, modelled
 # so each of its steps costs more than a fetch.
 DYNAMIC_FETCH_OVERHEAD = 0.005
 STATIC_STEP_OVERHEAD = 0.018
+# The work queue's counter is zeroed before every call (a 4-byte fill on the
+# stream, or a node before the kernel's in a command buffer), a fixed cost that
+# the static walk does not pay; a wave or less of tiles gains nothing from the
+# queue in exchange. Measured lead: chains of 2048^3 GEMMs, the work queue
+# against the static walk on the same tile (benchmarks/results/h200/host_overhead_*).
+WORK_QUEUE_RESET_S = 1.0e-6
 # What a partial tile's fix-up costs in the simulator's stream-K replay, in tile-times.
 STREAM_K_FIXUP_COST = 0.1
 # explain() replays the tail up to this many tiles; beyond it the tail is a rounding error.
@@ -222,6 +228,14 @@ def grouped_memory_time(v: tables.Variant, m, n, k, groups, clusters, dtype, out
         math.ceil(tiles / busy) * tile_bytes / cta_pull_rate(v, dtype),
     )
     return seconds_to_tile_units(seconds, k, device, dtype)
+
+
+def schedule_fixed_cost(schedule: str, k: int, device, dtype) -> float:
+    """A schedule's cost per call on top of its tiles', in tile-units: the
+    work queue's counter reset; nothing for the others."""
+    if schedule != "dynamic":
+        return 0.0
+    return seconds_to_tile_units(WORK_QUEUE_RESET_S, k, device, dtype)
 
 
 def seconds_to_tile_units(seconds: float, k: int, device, dtype) -> float:

@@ -120,7 +120,8 @@ def plan_gemm(
             total = max(time, memory)
             if total > time:  # memory-bound: the MMAs wait on HBM for the rest
                 eff *= time / total
-            key = (total, time, schedule != "static")
+            fixed = cost_model.schedule_fixed_cost(schedule, k, dev, call.dtype)
+            key = (total + fixed, time, schedule != "static")
             yield Candidate(key, schedule, waves, eff, splits, raster, swizzle, memory_bound=total > time)
 
     choice, resident_notes = best_candidate(rows, dev, options)
