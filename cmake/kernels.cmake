@@ -43,6 +43,14 @@ set(_jc_launcher "${Python_EXECUTABLE}" "${CMAKE_SOURCE_DIR}/cc/compile_progress
                  "${JAX_CLUSTER_GENERATED_DIR}/units.txt" ${CMAKE_CUDA_COMPILER_LAUNCHER})
 
 set(_jc_cuda_flags -O3 -DNDEBUG --expt-relaxed-constexpr -Xptxas=--warn-on-spills)
+# sm90a: CUTLASS's kernels wait (griddepcontrol.wait) before their first
+# global access, so a launch may overlap the kernel before it
+# (kernels/launch_recording.h); without a programmatic launch the wait is a
+# no-op. CUTLASS_GDC_ENABLED rather than CUTLASS_ENABLE_GDC_FOR_SM90: the
+# latter also has the cooperative kernel release its dependents early through
+# the stream-K scheduler's is_last_tile, which does not compile (a const
+# member binding a mutable reference).
+set(_jc_arch_flags_sm90a -DCUTLASS_GDC_ENABLED)
 set(_jc_kernel_libs "")
 foreach(_arch IN LISTS JAX_CLUSTER_ARCHS)
   if(NOT _jc_sources_${_arch})
@@ -52,7 +60,7 @@ foreach(_arch IN LISTS JAX_CLUSTER_ARCHS)
   add_library(kernels_${_arch} OBJECT ${_jc_sources_${_arch}})
   set_target_properties(kernels_${_arch} PROPERTIES CUDA_ARCHITECTURES OFF CUDA_STANDARD 17
                         CUDA_COMPILER_LAUNCHER "${_jc_launcher}")
-  target_compile_options(kernels_${_arch} PRIVATE ${_jc_cuda_flags}
+  target_compile_options(kernels_${_arch} PRIVATE ${_jc_cuda_flags} ${_jc_arch_flags_${_arch}}
                          "-gencode=arch=compute_${_num},code=sm_${_num}")
   target_include_directories(kernels_${_arch} PRIVATE cc "${JAX_CLUSTER_GENERATED_DIR}"
     "${CUTLASS_SOURCE_DIR}/include" "${CUTLASS_SOURCE_DIR}/tools/util/include")

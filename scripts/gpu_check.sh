@@ -4,7 +4,7 @@
 # $RESULTS/logs.tgz after every step and every 30 s, so a run cut off by a
 # time limit still leaves what finished; $RESULTS also gets prebuilt/_ext*.so.
 # Steps: smoke tests checks selftest sweep sanitize sharding lgemms bench grid planner sched walk
-# launchcost layers ragged gated moe decode decodefp8 dense groupedroute gclusters hostcost fp8 fp8grouped fp8wgrad fp8weights train fp8train traindp fallback pytest (pytest: the tests named by $PYTEST_ARGS;
+# pdl launchcost layers ragged gated moe decode decodefp8 dense groupedroute gclusters hostcost fp8 fp8grouped fp8wgrad fp8weights train fp8train traindp fallback pytest (pytest: the tests named by $PYTEST_ARGS;
 # FP8_TESTS=0: the fp8 and fp8weights steps without their GPU tests, FP8_ARGS its arguments).
 # Offline machines: put the nvidia-cutlass (and absl-py) wheels in .whl/ first; the
 # ragged and moe steps also want tokamax's (tokamax==0.0.17 einshape qwix immutabledict
@@ -99,6 +99,11 @@ for part in ${STEPS:-tests bench grid}; do
              XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"
              JAX_CLUSTER_COMMAND_BUFFERS=0 "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"
              JAX_CLUSTER_RECORD=0 "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"; } 2>&1 | tee "$LOGS/hostcost.log" ;;
+    pdl)   step "host cost per call without programmatic dependent launch, and with it on XLA's graph nodes too"
+           { JAX_CLUSTER_PDL=0 "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"
+             JAX_CLUSTER_PDL=0 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"
+             JAX_CLUSTER_PDL=0 JAX_CLUSTER_COMMAND_BUFFERS=0 "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"
+             JAX_CLUSTER_PDL=graph "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"; } 2>&1 | tee "$LOGS/pdl.log" ;;
     launchcost) step "host cost of one launch by each launch path, a TMA descriptor and a counter memset"
            { nvcc -O2 -std=c++17 -arch=sm_90a -o /tmp/launch_cost benchmarks/investigations/launch_cost.cu \
                && /tmp/launch_cost > "$LOGS/launch_cost.jsonl"; } 2>&1 | tee "$LOGS/launch_cost.log"

@@ -133,9 +133,15 @@ ffi::Error record_launch(const char* target, RecordContext& ctx, PlanState& stat
           {int32_t(s.block.x), int32_t(s.block.y), int32_t(s.block.z)},
           clustered ? XLA_FFI_Dim3{int32_t(s.cluster.x), int32_t(s.cluster.y), int32_t(s.cluster.z)}
                     : XLA_FFI_Dim3{0, 0, 0}};
+      const bool overlap =
+          s.overlap && programmatic_launch() == ProgrammaticLaunch::kStreamAndGraph;
       auto command = ctx.CreateLaunch(images[i]->name.c_str(), images[i]->cubin,
                                       images[i]->cubin_bytes, ffi::SourceFormat::kCubin, dims,
-                                      s.shared_bytes, /*uses_pdl=*/false, args_of(s), after);
+                                      s.shared_bytes, overlap, args_of(s), after);
+      if (!command.has_value() && overlap)  // a command buffer that takes no programmatic edge
+        command = ctx.CreateLaunch(images[i]->name.c_str(), images[i]->cubin,
+                                   images[i]->cubin_bytes, ffi::SourceFormat::kCubin, dims,
+                                   s.shared_bytes, false, args_of(s), after);
       if (!command.has_value()) return command.error();
       after.assign(1, command.value());
       created_count.fetch_add(1);

@@ -199,18 +199,24 @@ int occupancy_max_active_clusters(int device_id) {
 }
 
 // sm90: one launch with the cluster attribute and no per-launch attribute
-// call, or its description while a LaunchRecording is active. sm100 keeps the adapter's
-// own launch (its cluster fallback), which nothing here can run or record.
+// call, or its description while a LaunchRecording is active; `overlap`
+// launches it as a programmatic dependent of the kernel before it. sm100 keeps
+// the adapter's own launch (its cluster fallback), which nothing here can run or record.
 template <class Gemm>
-cudaError_t launch_kernel(typename Gemm::GemmKernel::Params& params, cudaStream_t stream) {
+cudaError_t launch_kernel(typename Gemm::GemmKernel::Params& params, bool overlap,
+                          cudaStream_t stream) {
   using Kernel = typename Gemm::GemmKernel;
   if constexpr (Kernel::ArchTag::kMinComputeCapability == 90) {
     using Cluster = typename Kernel::DispatchPolicy::ClusterShape;
     const dim3 cluster(cute::size<0>(Cluster{}), cute::size<1>(Cluster{}),
                        cute::size<2>(Cluster{}));
-    return launch_or_record(&cutlass::device_kernel<Kernel>, Gemm::get_grid_shape(params),
-                            Kernel::get_block_shape(), cluster, Kernel::SharedStorageSize, stream,
-                            params);
+    auto* kernel = &cutlass::device_kernel<Kernel>;
+    if (overlap)
+      return launch_or_record_overlapped(kernel, Gemm::get_grid_shape(params),
+                                         Kernel::get_block_shape(), cluster,
+                                         Kernel::SharedStorageSize, stream, params);
+    return launch_or_record(kernel, Gemm::get_grid_shape(params), Kernel::get_block_shape(),
+                            cluster, Kernel::SharedStorageSize, stream, params);
   } else {
     if (LaunchRecording* recording = active_launch_recording()) {
       recording->refused = true;
@@ -284,7 +290,14 @@ const char* initialize_and_run(typename Gemm::Arguments const& args, void* works
   if (Kernel::initialize_workspace(args, workspace, stream, nullptr) != cutlass::Status::kSuccess)
     return "kernel initialisation failed (workspace)";
   typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
-  if (cudaError_t err = launch_kernel<Gemm>(params, stream); err != cudaSuccess) {
+  // A dense kernel with no workspace reads and writes global memory only after
+  // its griddepcontrol.wait (CUTLASS_GDC_ENABLED), so it may start
+  // while the kernel before it finishes. A workspace (the work queue's counter,
+  // stream-K's partials) is initialised just before the kernel and is read
+  // by scheduler code that does not wait.
+  const bool overlap =
+      !IsPointerArrayKernel<Kernel>::value && Kernel::get_workspace_size(args) == 0;
+  if (cudaError_t err = launch_kernel<Gemm>(params, overlap, stream); err != cudaSuccess) {
     cudaGetLastError();
     return cudaGetErrorString(err);
   }

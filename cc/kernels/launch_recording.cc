@@ -49,23 +49,42 @@ CUfunction function_of(const void* fn, int device) {
 }
 
 cudaError_t runtime_launch(const void* fn, dim3 grid, dim3 block, dim3 cluster, unsigned smem,
-                           cudaStream_t stream, void** args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster.x;
-  attr[0].val.clusterDim.y = cluster.y;
-  attr[0].val.clusterDim.z = cluster.z;
+                           bool overlap, cudaStream_t stream, void** args) {
+  cudaLaunchAttribute attr[2];
+  unsigned count = 0;
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attr[count].id = cudaLaunchAttributeClusterDimension;
+    attr[count].val.clusterDim.x = cluster.x;
+    attr[count].val.clusterDim.y = cluster.y;
+    attr[count].val.clusterDim.z = cluster.z;
+    ++count;
+  }
+  if (overlap) {
+    attr[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = attr;
-  config.numAttrs = cluster.x * cluster.y * cluster.z > 1 ? 1 : 0;
+  config.numAttrs = count;
   return cudaLaunchKernelExC(&config, fn, args);
 }
 
 }  // namespace
+
+ProgrammaticLaunch programmatic_launch() {
+  static const ProgrammaticLaunch where = [] {
+    const char* v = std::getenv("JAX_CLUSTER_PDL");
+    if (v != nullptr && std::strcmp(v, "0") == 0) return ProgrammaticLaunch::kNone;
+    if (v != nullptr && std::strcmp(v, "graph") == 0) return ProgrammaticLaunch::kStreamAndGraph;
+    return ProgrammaticLaunch::kStream;
+  }();
+  return where;
+}
 
 LaunchRecording*& active_launch_recording() {
   thread_local LaunchRecording* recording = nullptr;
@@ -73,25 +92,36 @@ LaunchRecording*& active_launch_recording() {
 }
 
 cudaError_t launch_kernel_ex(const void* fn, dim3 grid, dim3 block, dim3 cluster, unsigned smem,
-                             cudaStream_t stream, void** args) {
+                             bool overlap, cudaStream_t stream, void** args) {
+  overlap = overlap && programmatic_launch() != ProgrammaticLaunch::kNone;
   LaunchKernelEx launch = driver_launch();
   int device = 0;
   if (launch == nullptr || runtime_launch_asked() || cudaGetDevice(&device) != cudaSuccess)
-    return runtime_launch(fn, grid, block, cluster, smem, stream, args);
+    return runtime_launch(fn, grid, block, cluster, smem, overlap, stream, args);
   CUfunction function = function_of(fn, device);
-  if (function == nullptr) return runtime_launch(fn, grid, block, cluster, smem, stream, args);
-  CUlaunchAttribute attr[1];
-  attr[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-  attr[0].value.clusterDim.x = cluster.x;
-  attr[0].value.clusterDim.y = cluster.y;
-  attr[0].value.clusterDim.z = cluster.z;
+  if (function == nullptr)
+    return runtime_launch(fn, grid, block, cluster, smem, overlap, stream, args);
+  CUlaunchAttribute attr[2];
+  unsigned count = 0;
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attr[count].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr[count].value.clusterDim.x = cluster.x;
+    attr[count].value.clusterDim.y = cluster.y;
+    attr[count].value.clusterDim.z = cluster.z;
+    ++count;
+  }
+  if (overlap) {
+    attr[count].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr[count].value.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
   CUlaunchConfig config = {};
   config.gridDimX = grid.x, config.gridDimY = grid.y, config.gridDimZ = grid.z;
   config.blockDimX = block.x, config.blockDimY = block.y, config.blockDimZ = block.z;
   config.sharedMemBytes = smem;
   config.hStream = reinterpret_cast<CUstream>(stream);
   config.attrs = attr;
-  config.numAttrs = cluster.x * cluster.y * cluster.z > 1 ? 1 : 0;
+  config.numAttrs = count;
   switch (launch(&config, function, args, nullptr)) {
     case CUDA_SUCCESS: return cudaSuccess;
     case CUDA_ERROR_INVALID_VALUE: return cudaErrorInvalidValue;

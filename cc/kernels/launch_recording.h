@@ -21,6 +21,9 @@ struct RecordedStep {
   const void* kernel = nullptr;
   dim3 grid, block, cluster;
   unsigned shared_bytes = 0;
+  // launched as a programmatic dependent of the kernel before it (see
+  // programmatic_launch below)
+  bool overlap = false;
   int args = 0;
   size_t arg_offset[kMaxArgs] = {}, arg_bytes[kMaxArgs] = {};
 };
@@ -39,13 +42,13 @@ struct LaunchRecording {
   const unsigned char* arg(const RecordedStep& s, int i) const { return bytes + s.arg_offset[i]; }
 
   template <class... Args>
-  void take_kernel(const void* fn, dim3 grid, dim3 block, dim3 cluster, unsigned smem,
+  void take_kernel(const void* fn, dim3 grid, dim3 block, dim3 cluster, unsigned smem, bool overlap,
                    const Args&... args) {
     static_assert(sizeof...(Args) <= RecordedStep::kMaxArgs, "more kernel parameters than kept");
     RecordedStep* s = next();
     if (s == nullptr) return;
     s->kernel = fn, s->grid = grid, s->block = block, s->cluster = cluster;
-    s->shared_bytes = smem;
+    s->shared_bytes = smem, s->overlap = overlap;
     (keep(*s, &args, sizeof(Args)), ...);
   }
 
@@ -74,24 +77,35 @@ struct LaunchRecording {
 // The recording active on this thread, or nullptr.
 LaunchRecording*& active_launch_recording();
 
+// Where a kernel that waits for its inputs (griddepcontrol.wait) before its
+// first global access is launched as a programmatic dependent of the kernel
+// before it, so its prologue (barrier set-up, descriptor prefetch) runs while
+// that kernel's last tiles finish. JAX_CLUSTER_PDL=0: nowhere; unset or 1: on
+// stream launches (the driver turns them into programmatic edges under
+// capture); graph: also on the kernel nodes added to XLA's command buffers.
+enum class ProgrammaticLaunch { kNone, kStream, kStreamAndGraph };
+ProgrammaticLaunch programmatic_launch();
+
 // One launch of `fn` (a cluster launch when `cluster` has more than one CTA)
 // through the driver's cuLaunchKernelEx on the kernel's CUfunction, looked up
 // once per kernel and device: the runtime's cudaLaunchKernelExC resolves the
-// function on every launch. JAX_CLUSTER_LAUNCH=runtime takes the runtime's path.
+// function on every launch. JAX_CLUSTER_LAUNCH=runtime takes the runtime's
+// path. `overlap`: a programmatic dependent launch, where programmatic_launch allows.
 cudaError_t launch_kernel_ex(const void* fn, dim3 grid, dim3 block, dim3 cluster, unsigned smem,
-                             cudaStream_t stream, void** args);
+                             bool overlap, cudaStream_t stream, void** args);
 
-// Launches `kernel` on `stream` (a cluster launch when `cluster` has more than
-// one CTA), or records it.
+namespace detail {
 template <class... Params, class... Args>
 cudaError_t launch_or_record(void (*kernel)(Params...), dim3 grid, dim3 block, dim3 cluster,
-                             unsigned smem, cudaStream_t stream, const Args&... args) {
+                             unsigned smem, bool overlap, cudaStream_t stream,
+                             const Args&... args) {
   static_assert(sizeof...(Params) == sizeof...(Args), "one argument per kernel parameter");
   const void* fn = reinterpret_cast<const void*>(kernel);
   if (LaunchRecording* r = active_launch_recording()) {
     // each argument converted to its parameter's type first, as a launch would
-    std::apply([&](const auto&... p) { r->take_kernel(fn, grid, block, cluster, smem, p...); },
-               std::tuple<Params...>(args...));
+    std::apply(
+        [&](const auto&... p) { r->take_kernel(fn, grid, block, cluster, smem, overlap, p...); },
+        std::tuple<Params...>(args...));
     return cudaSuccess;
   }
   std::tuple<Params...> values(args...);
@@ -102,7 +116,26 @@ cudaError_t launch_or_record(void (*kernel)(Params...), dim3 grid, dim3 block, d
         ((pointers[i++] = &p), ...);
       },
       values);
-  return launch_kernel_ex(fn, grid, block, cluster, smem, stream, pointers);
+  return launch_kernel_ex(fn, grid, block, cluster, smem, overlap, stream, pointers);
+}
+}  // namespace detail
+
+// Launches `kernel` on `stream` (a cluster launch when `cluster` has more than
+// one CTA), or records it.
+template <class... Params, class... Args>
+cudaError_t launch_or_record(void (*kernel)(Params...), dim3 grid, dim3 block, dim3 cluster,
+                             unsigned smem, cudaStream_t stream, const Args&... args) {
+  return detail::launch_or_record(kernel, grid, block, cluster, smem, false, stream, args...);
+}
+
+// The same for a kernel that waits for its inputs before touching global
+// memory (CUTLASS's sm90 GEMM kernels built with CUTLASS_GDC_ENABLED),
+// launched as a programmatic dependent of the kernel before it.
+template <class... Params, class... Args>
+cudaError_t launch_or_record_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block,
+                                        dim3 cluster, unsigned smem, cudaStream_t stream,
+                                        const Args&... args) {
+  return detail::launch_or_record(kernel, grid, block, cluster, smem, true, stream, args...);
 }
 
 }  // namespace jax_cluster

@@ -35,7 +35,7 @@ def report(variant, worst):
 
 DENSE = """
 n = SIZE
-plan = jax_cluster.plan(n, n, n, dtype=jnp.bfloat16, route="kernel")
+plan = jax_cluster.plan(n, n, n, dtype=jnp.bfloat16, route="kernel"PINS)
 variant = plan.variant
 def chain(a, b, f=lambda a, b: jax_cluster.matmul(a, b, plan=plan)):
     for _ in range(6):
@@ -73,9 +73,20 @@ shapes = [(m, k), (g, k, k)]
 # commands on), its float32 reference, and the variant the planner picks.
 CASES = {
     # one static launch
-    "dense_static": DENSE.replace("SIZE", "1024"),
+    "dense_static": DENSE.replace("SIZE", "1024").replace("PINS", ""),
     # the work queue: its counter zeroed by a recorded kernel, then a 2x1 cluster launch
-    "dense_work_queue": DENSE.replace("SIZE", "2048"),
+    "dense_work_queue": DENSE.replace("SIZE", "2048").replace("PINS", ', schedule="dynamic"'),
+    # static 2x1 cluster launches after work-queue ones and the reverse: a
+    # launch that overlaps the kernel before it must still read that kernel's output
+    "dense_mixed": DENSE.replace("SIZE", "2048").replace("PINS", ', schedule="static"')
+    + """
+queue = jax_cluster.plan(n, n, n, dtype=jnp.bfloat16, route="kernel", schedule="dynamic")
+variant = [plan.variant, queue.variant]
+def chain(a, b, f=None):
+    for i in range(6):
+        a = jax_cluster.matmul(a, b, plan=plan if i % 3 else queue) if f is None else f(a, b)
+    return a
+""",
     # the fused epilogue's target: bias and an activation
     "epilogue_bias_gelu": """
 from jax_cluster.primitives.epilogue import gemm_epilogue
@@ -154,8 +165,8 @@ report(variant, worst)
 """
 
 
-def run_case(name: str, record: str) -> dict:
-    env = dict(os.environ, JAX_CLUSTER_RECORD=record, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+def run_case(name: str, record: str, **extra_env) -> dict:
+    env = dict(os.environ, JAX_CLUSTER_RECORD=record, XLA_PYTHON_CLIENT_PREALLOCATE="false", **extra_env)
     program = textwrap.dedent(COMMON) + textwrap.dedent(CASES[name]) + textwrap.dedent(RUN)
     run = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-8000:]
@@ -177,3 +188,20 @@ def test_captured_calls_still_match_when_recording_is_off():
     got = run_case("ragged_grouped", "0")
     assert got["worst"] < 2e-2, got
     assert got["created"] == got["updated"] == got["captured"] == 0, got
+
+
+# Where kernels are launched as programmatic dependents of the kernel before
+# them (kernels/launch_recording.h): on the stream, with XLA's command buffers
+# off or the kernel calls kept out of them, and on XLA's graph nodes.
+LAUNCH_MODES = {
+    "stream_no_command_buffers": {"XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer="},
+    "stream_own_thunks": {"JAX_CLUSTER_COMMAND_BUFFERS": "0"},
+    "graph_nodes": {"JAX_CLUSTER_PDL": "graph"},
+}
+
+
+@pytest.mark.parametrize("mode", sorted(LAUNCH_MODES))
+@pytest.mark.parametrize("name", ["dense_static", "dense_mixed"])
+def test_overlapped_launches_read_the_kernel_before_them(name, mode):
+    got = run_case(name, "1", **LAUNCH_MODES[mode])
+    assert got["worst"] < 2e-2, got
