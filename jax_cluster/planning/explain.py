@@ -58,7 +58,9 @@ def _evidence(p) -> list[str]:
             rows.append(
                 f"per-tile handoff: static step {cost_model.STATIC_STEP_OVERHEAD} tile-times, "
                 f"work-queue fetch {cost_model.DYNAMIC_FETCH_OVERHEAD} (modelled from H200 timings, "
-                "where the work queue led static on the same tile every time)"
+                "where the work queue led static on the same tile every time), plus "
+                f"{cost_model.WORK_QUEUE_RESET_S * 1e6:.1f} us a call to zero the queue's counter "
+                "(so a wave or less of tiles takes the static walk)"
             )
         rows.append(f"workspace: {p.workspace_bytes} bytes through XLA (queried from the variant)")
     rows.extend(f"note: {note}" for note in p.notes)

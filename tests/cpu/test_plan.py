@@ -237,6 +237,21 @@ def test_many_wave_dense_plans_take_the_work_queue_where_a_row_has_one():
 
 
 @needs_kernels
+def test_a_wave_or_less_takes_the_static_walk_and_its_single_launch():
+    menu = {v.name: v for v in tables.load_menu()}
+    # 2048^3: 64 cluster tiles of 256x256 over 66 resident 2x1 clusters; the
+    # queue would balance nothing and its counter costs a fill before the launch
+    one_wave = jax_cluster.plan(2048, 2048, 2048, dtype=jnp.bfloat16, device=H200, route="kernel")
+    assert one_wave.schedule == "static" and menu[one_wave.variant].kind == "cooperative"
+    assert "to zero the queue's counter" in one_wave.explain()
+    # four waves: the queue's per-tile lead outweighs the reset
+    four = jax_cluster.plan(4096, 4096, 4096, dtype=jnp.bfloat16, device=H200, route="kernel")
+    assert four.schedule == "dynamic"
+    pinned = jax_cluster.plan(2048, 2048, 2048, dtype=jnp.bfloat16, device=H200, route="kernel", schedule="dynamic")
+    assert pinned.schedule == "dynamic" and menu[pinned.variant].kind == "cooperative_dynamic"
+
+
+@needs_kernels
 @pytest.mark.parametrize("tiles,clusters", [(1, 66), (65, 66), (66, 66), (67, 66), (131, 66), (500, 66), (7, 3)])
 def test_planner_makespan_matches_the_simulator(tiles, clusters):
     from jax_cluster.planning.cost_model import DYNAMIC_FETCH_OVERHEAD, STATIC_STEP_OVERHEAD, score
