@@ -79,8 +79,9 @@ LaunchRecording*& active_launch_recording();
 
 // Where a kernel that waits for its inputs (griddepcontrol.wait) before its
 // first global access is launched as a programmatic dependent of the kernel
-// before it, so its prologue (barrier set-up, descriptor prefetch) runs while
-// that kernel's last tiles finish. JAX_CLUSTER_PDL=0: nowhere; unset or 1: on
+// before it, so its launch and prologue (barrier set-up, descriptor prefetch)
+// start once that kernel's blocks have exited, before the grid's completion
+// is signalled and its writes flushed. JAX_CLUSTER_PDL=0: nowhere; unset or 1: on
 // stream launches (the driver turns them into programmatic edges under
 // capture); graph: also on the kernel nodes added to XLA's command buffers.
 enum class ProgrammaticLaunch { kNone, kStream, kStreamAndGraph };
