@@ -28,6 +28,9 @@ CLUSTER_BROADCAST = r"\bSTAS\b"
 MX_SCALE_COPY = r"\bUTCCP\b"
 # fence.proxy.tensormap acquire: a grouped kernel rewrites its TMA descriptors per group
 DESCRIPTOR_ACQUIRE = r"\bUTMACCTL\.IV\b"
+# griddepcontrol.wait: a dense sm90 kernel without a workspace is launched
+# overlapping the kernel before it, so it must wait before touching global memory
+GRID_DEPENDENCY_WAIT = r"\bACQBULK\b"
 
 
 def required(v: tables.Variant) -> dict[str, str]:
@@ -49,6 +52,8 @@ def required(v: tables.Variant) -> dict[str, str]:
             need[r"\bHGMMA\."] = "wgmma (warpgroup MMA)"
         if v.cluster_size > 1:
             need[r"\bUTMALDG\.[\w.]*MULTICAST"] = "multicast TMA load across the cluster"
+        if v.problem == "dense":
+            need[GRID_DEPENDENCY_WAIT] = "a wait for the kernel before it (griddepcontrol.wait)"
         if "dynamic" in v.schedules:
             need[WORK_QUEUE_FETCH] = "work-queue fetch (global atomic add)"
             if v.cluster_size > 1:
