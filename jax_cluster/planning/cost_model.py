@@ -38,9 +38,9 @@ STATIC_STEP_OVERHEAD = 0.018
 # The work queue's counter is zeroed before every call (a 4-byte fill on the
 # stream, or a node before the kernel's in a command buffer), a fixed cost that
 # the static walk does not pay; a wave or less of tiles gains nothing from the
-# queue in exchange. Measured lead, rounded down: in chains of 2048^3 GEMMs on
-# an H100 the work queue's row cost 1.1-2.3 us a call more than the static
-# row of the same tile (benchmarks/results/h100/investigations/host_overhead_3_rounds_*).
+# queue in exchange. Measured lead, rounded down: in chains of 2048^3 GEMMs in
+# XLA's graphs on an H100 the work queue's row cost 1.1 us a call more than the
+# static row of the same tile (benchmarks/results/h100/investigations/host_overhead_3_rounds_*).
 WORK_QUEUE_RESET_S = 1.0e-6
 # What a partial tile's fix-up costs in the simulator's stream-K replay, in tile-times.
 STREAM_K_FIXUP_COST = 0.1
