@@ -234,6 +234,13 @@ template <class Kernel>
 struct IsPointerArrayKernel<Kernel, std::void_t<decltype(Kernel::IsGroupedGemmKernel)>>
     : std::bool_constant<Kernel::IsGroupedGemmKernel> {};
 
+// Mainloops with a load warp of their own besides TMA's (the blockwise-scaled
+// ones: B's scales by cp.async), which CUTLASS's kernel starts without
+// griddepcontrol.wait.
+template <class Kernel>
+struct HasAuxiliaryLoad : std::bool_constant<cutlass::gemm::kernel::detail::HasAuxiliaryLoad_v<
+                              typename Kernel::CollectiveMainloop::DispatchPolicy>> {};
+
 template <class Epilogue, class = void>
 struct HasFusionCallbacks : std::false_type {};
 template <class Epilogue>
@@ -294,9 +301,10 @@ const char* initialize_and_run(typename Gemm::Arguments const& args, void* works
   // its griddepcontrol.wait (CUTLASS_GDC_ENABLED), so it may start
   // while the kernel before it finishes. A workspace (the work queue's counter,
   // stream-K's partials) is initialised just before the kernel and is read
-  // by scheduler code that does not wait.
-  const bool overlap =
-      !IsPointerArrayKernel<Kernel>::value && Kernel::get_workspace_size(args) == 0;
+  // by scheduler code that does not wait; so are the block scales that the
+  // blockwise mainloop's auxiliary load warp reads.
+  const bool overlap = !IsPointerArrayKernel<Kernel>::value && !HasAuxiliaryLoad<Kernel>::value &&
+                       Kernel::get_workspace_size(args) == 0;
   if (cudaError_t err = launch_kernel<Gemm>(params, overlap, stream); err != cudaSuccess) {
     cudaGetLastError();
     return cudaGetErrorString(err);
