@@ -139,16 +139,9 @@ def batches(dims: Dims, steps):
         yield tokens, jnp.roll(tokens, 1, axis=1)
 
 
-def train(kind, dims: Dims, dtype, steps, fp8=None, mesh=None):
-    """(losses, seconds per step after the first, final parameters, the
-    timing probes: the step and each block as (function, arguments)).
-    With a mesh: the batch split over its "data" axis, the rest replicated."""
-    devices = 1 if mesh is None else mesh.size
-    model = Block(kind, dims, dtype, nnx.Rngs(0), fp8, token_blocks=devices)
-    graph, params, rest = nnx.split(model, nnx.Param, ...)
-    place = (lambda t, spec: t) if mesh is None else (lambda t, spec: jax.device_put(t, NamedSharding(mesh, spec)))  # noqa: E731
-    params = jax.tree.map(lambda t: place(t, P()), params)
-    optimizer = optax.adamw(3e-3)
+def training_step(graph, rest, optimizer):
+    """The jitted training step of a split Block: (params, opt_state, tokens,
+    targets) -> (params, opt_state, loss)."""
 
     def loss_fn(params, tokens, targets):
         logits = nnx.merge(graph, params, rest)(tokens)
@@ -160,6 +153,20 @@ def train(kind, dims: Dims, dtype, steps, fp8=None, mesh=None):
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
+    return step
+
+
+def train(kind, dims: Dims, dtype, steps, fp8=None, mesh=None):
+    """(losses, seconds per step after the first, final parameters, the
+    timing probes: the step and each block as (function, arguments)).
+    With a mesh: the batch split over its "data" axis, the rest replicated."""
+    devices = 1 if mesh is None else mesh.size
+    model = Block(kind, dims, dtype, nnx.Rngs(0), fp8, token_blocks=devices)
+    graph, params, rest = nnx.split(model, nnx.Param, ...)
+    place = (lambda t, spec: t) if mesh is None else (lambda t, spec: jax.device_put(t, NamedSharding(mesh, spec)))  # noqa: E731
+    params = jax.tree.map(lambda t: place(t, P()), params)
+    optimizer = optax.adamw(3e-3)
+    step = training_step(graph, rest, optimizer)
     opt_state = optimizer.init(params)
     losses, start = [], None
     for i, (tokens, targets) in enumerate(batches(dims, steps)):

@@ -36,17 +36,7 @@ def loop_ms(kind, dims, warmup, steps):
     model = train_block.Block(kind, dims, jnp.bfloat16, nnx.Rngs(0))
     graph, params, rest = nnx.split(model, nnx.Param, ...)
     optimizer = optax.adamw(3e-3)
-
-    def loss_fn(params, tokens, targets):
-        logits = nnx.merge(graph, params, rest)(tokens)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
-
-    @jax.jit
-    def step(params, opt_state, tokens, targets):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, targets)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
+    step = train_block.training_step(graph, rest, optimizer)
     opt_state = optimizer.init(params)
     batches = list(train_block.batches(dims, warmup + steps))
     times = []
