@@ -45,12 +45,10 @@ set(_jc_launcher "${Python_EXECUTABLE}" "${CMAKE_SOURCE_DIR}/cc/compile_progress
 set(_jc_cuda_flags -O3 -DNDEBUG --expt-relaxed-constexpr -Xptxas=--warn-on-spills)
 # sm90a: CUTLASS's kernels wait (griddepcontrol.wait) before their first
 # global access, so a launch may overlap the kernel before it
-# (kernels/launch_recording.h); without a programmatic launch the wait is a
-# no-op. CUTLASS_GDC_ENABLED rather than CUTLASS_ENABLE_GDC_FOR_SM90: the
-# latter also has the cooperative kernel release its dependents early through
-# the stream-K scheduler's is_last_tile, which does not compile (a const
-# member binding a mutable reference).
-set(_jc_arch_flags_sm90a -DCUTLASS_GDC_ENABLED)
+# (kernels/launch_recording.h), and the cooperative kernel releases its
+# dependents after each CTA's last mainloop (kernels/sm90/sm90_stream_k_release.cuh).
+# Without a programmatic launch both are no-ops.
+set(_jc_arch_flags_sm90a -DCUTLASS_ENABLE_GDC_FOR_SM90)
 set(_jc_kernel_libs "")
 foreach(_arch IN LISTS JAX_CLUSTER_ARCHS)
   if(NOT _jc_sources_${_arch})

@@ -241,6 +241,15 @@ template <class Kernel>
 struct HasAuxiliaryLoad : std::bool_constant<cutlass::gemm::kernel::detail::HasAuxiliaryLoad_v<
                               typename Kernel::CollectiveMainloop::DispatchPolicy>> {};
 
+// Only the stream-K scheduler's arguments choose a decomposition (static,
+// split-K or stream-K) at run time.
+template <class SchedulerArguments, class = void>
+struct ChoosesDecomposition : std::false_type {};
+template <class SchedulerArguments>
+struct ChoosesDecomposition<SchedulerArguments,
+                            std::void_t<decltype(SchedulerArguments::decomposition_mode)>>
+    : std::true_type {};
+
 template <class Epilogue, class = void>
 struct HasFusionCallbacks : std::false_type {};
 template <class Epilogue>
@@ -298,7 +307,7 @@ const char* initialize_and_run(typename Gemm::Arguments const& args, void* works
     return "kernel initialisation failed (workspace)";
   typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
   // A dense kernel with no workspace reads and writes global memory only after
-  // its griddepcontrol.wait (CUTLASS_GDC_ENABLED), so it may start
+  // its griddepcontrol.wait (CUTLASS_ENABLE_GDC_FOR_SM90), so it may start
   // while the kernel before it finishes. A workspace (the work queue's counter,
   // stream-K's partials) is initialised just before the kernel and is read
   // by scheduler code that does not wait; so are the block scales that the
@@ -354,7 +363,7 @@ struct CutlassUniversalGemm {
   static_assert(Kernel::SharedStorageSize <= 227 * 1024,
                 "variant does not fit in shared memory: lower its stages in variants.json");
   static constexpr bool kHasStreamK =
-      std::is_same_v<TileScheduler, cutlass::gemm::StreamKScheduler>;
+      ChoosesDecomposition<typename Kernel::TileScheduler::Arguments>::value;
 
   static typename Gemm::Arguments arguments(const GemmProblem& p, const LaunchChoices& c,
                                             const DeviceSlots& s) {

@@ -130,7 +130,7 @@ cudaError_t launch_or_record(void (*kernel)(Params...), dim3 grid, dim3 block, d
 }
 
 // The same for a kernel that waits for its inputs before touching global
-// memory (CUTLASS's sm90 GEMM kernels built with CUTLASS_GDC_ENABLED),
+// memory (CUTLASS's sm90 GEMM kernels built with CUTLASS_ENABLE_GDC_FOR_SM90),
 // launched as a programmatic dependent of the kernel before it.
 template <class... Params, class... Args>
 cudaError_t launch_or_record_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block,

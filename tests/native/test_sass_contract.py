@@ -31,6 +31,9 @@ DESCRIPTOR_ACQUIRE = r"\bUTMACCTL\.IV\b"
 # griddepcontrol.wait: a dense sm90 kernel without a workspace is launched
 # overlapping the kernel before it, so it must wait before touching global memory
 GRID_DEPENDENCY_WAIT = r"\bACQBULK\b"
+# griddepcontrol.launch_dependents after a CTA's last mainloop: the kernel after
+# a statically scheduled one starts while its epilogues run
+GRID_DEPENDENTS_RELEASE = r"\bPREEXIT\b"
 
 
 def required(v: tables.Variant) -> dict[str, str]:
@@ -54,6 +57,8 @@ def required(v: tables.Variant) -> dict[str, str]:
             need[r"\bUTMALDG\.[\w.]*MULTICAST"] = "multicast TMA load across the cluster"
         if v.problem == "dense":
             need[GRID_DEPENDENCY_WAIT] = "a wait for the kernel before it (griddepcontrol.wait)"
+            if "dynamic" not in v.schedules:
+                need[GRID_DEPENDENTS_RELEASE] = "an early release of the kernel after it (launch_dependents)"
         if "dynamic" in v.schedules:
             need[WORK_QUEUE_FETCH] = "work-queue fetch (global atomic add)"
             if v.cluster_size > 1:

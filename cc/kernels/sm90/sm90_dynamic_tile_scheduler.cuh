@@ -243,6 +243,11 @@ class DynamicTileScheduler : public cutlass::gemm::kernel::detail::PersistentTil
     return cute::make_tuple(work_for(cluster_tile), true);
   }
 
+  // Asked after each tile's mainloop to release the next kernel early
+  // (CUTLASS_ENABLE_GDC_FOR_SM90): which tile is a CTA's last is known only
+  // when the queue runs dry, so the release comes with the grid's exit.
+  CUTLASS_DEVICE bool is_last_tile(WorkTileInfo const&, uint32_t = 1) const { return false; }
+
   // The kernel calls this only for warp groups without work in a tile, which
   // this scheduler never produces; ending the loop is the safe answer.
   CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo) {

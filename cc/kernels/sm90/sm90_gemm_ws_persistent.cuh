@@ -14,7 +14,9 @@
 //   tiles to the CTAs along N through TMA; pipeline barriers are cluster-scoped.
 // Scheduling: persistent grid of the Plan's resident clusters. Cooperative
 //   kernels use CUTLASS's stream-K scheduler, which runs data-parallel
-//   (static, swizzled raster), split-K or stream-K as the Plan says;
+//   (static, swizzled raster), split-K or stream-K as the Plan says, and
+//   releases the next kernel after each CTA's last mainloop
+//   (sm90_stream_k_release.cuh);
 //   cooperative-dynamic kernels take tiles from a global work queue
 //   (sm90_dynamic_tile_scheduler.cuh); ping-pong kernels are static only.
 // Block-scaled rows: A [M,K] and B [N,K] in fp8 (both K-major, as fp8 wgmma
@@ -23,13 +25,14 @@
 
 #include "kernels/cutlass_universal_gemm.cuh"
 #include "kernels/sm90/sm90_dynamic_tile_scheduler.cuh"
+#include "kernels/sm90/sm90_stream_k_release.cuh"
 
 namespace jax_cluster::sm90 {
 
 struct Cooperative {
   using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
   using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
-  using Scheduler = cutlass::gemm::StreamKScheduler;
+  using Scheduler = StreamKRelease;
   using Operands = PlainOperands;
 };
 
