@@ -9,8 +9,9 @@ picks for the shape. XLA_FLAGS apply as given: run it again with
 XLA_FLAGS=--xla_gpu_enable_command_buffer= to see XLA's command buffers' share,
 with JAX_CLUSTER_COMMAND_BUFFERS=0 to keep the kernel calls out of them, and
 with JAX_CLUSTER_RECORD=0 to have XLA capture them instead of recording them
-as kernel nodes, and with JAX_CLUSTER_PDL=0 (or =graph) to launch the kernel
-without programmatic dependent launch (or with it on XLA's graph nodes too).
+as kernel nodes, and with JAX_CLUSTER_PDL=0 (or =stream) to launch the kernel
+without programmatic dependent launch (or with it on stream launches only, not
+on XLA's graph nodes).
 
     python benchmarks/bench_host_overhead.py --out benchmarks/results/h200
 """
@@ -37,7 +38,7 @@ from jax_cluster.tuning import timing  # noqa: E402
 from jax_cluster.tuning.accuracy import relative_error  # noqa: E402
 
 SIZES = (1024, 2048)
-PDL_MODES = {"0": "off", "graph": "stream_and_graph"}
+PDL_MODES = {"0": "off", "stream": "stream"}
 
 
 def chain(mm, length):
@@ -127,9 +128,9 @@ def main():
         "jax_cluster_launch": "runtime" if os.environ.get("JAX_CLUSTER_LAUNCH") == "runtime" else "driver",
         "jax_cluster_schedule": args.schedule or "planned",
         # where a kernel without a workspace is launched as a programmatic
-        # dependent of the kernel before it: JAX_CLUSTER_PDL=0 "off", =graph
-        # "stream_and_graph", else "stream"
-        "jax_cluster_pdl": PDL_MODES.get(os.environ.get("JAX_CLUSTER_PDL", ""), "stream"),
+        # dependent of the kernel before it: JAX_CLUSTER_PDL=0 "off", =stream
+        # "stream", else "stream_and_graph"
+        "jax_cluster_pdl": PDL_MODES.get(os.environ.get("JAX_CLUSTER_PDL", ""), "stream_and_graph"),
         "notes": [
             "wall_us: median over interleaved rounds of 50 back-to-back calls of a "
             "jit holding a chain of GEMMs, synced once, per GEMM",
@@ -155,7 +156,7 @@ def main():
         stem = common.results_stem("host_overhead_bf16", flags)
         if args.schedule:
             stem += f"_{args.schedule}"
-        if payload["jax_cluster_pdl"] != "stream":
+        if payload["jax_cluster_pdl"] != "stream_and_graph":
             stem += f"_pdl_{payload['jax_cluster_pdl']}"
         if not payload["jax_cluster_command_buffers"]:
             stem += "_thunks"

@@ -99,11 +99,11 @@ for part in ${STEPS:-tests bench grid}; do
              XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"
              JAX_CLUSTER_COMMAND_BUFFERS=0 "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"
              JAX_CLUSTER_RECORD=0 "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"; } 2>&1 | tee "$LOGS/hostcost.log" ;;
-    pdl)   step "host cost per call without programmatic dependent launch, and with it on XLA's graph nodes too"
+    pdl)   step "host cost per call without programmatic dependent launch, and with it on stream launches only"
            { JAX_CLUSTER_PDL=0 "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"
              JAX_CLUSTER_PDL=0 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"
              JAX_CLUSTER_PDL=0 JAX_CLUSTER_COMMAND_BUFFERS=0 "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"
-             JAX_CLUSTER_PDL=graph "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"; } 2>&1 | tee "$LOGS/pdl.log" ;;
+             JAX_CLUSTER_PDL=stream "$PY" benchmarks/bench_host_overhead.py --out "$LOGS"; } 2>&1 | tee "$LOGS/pdl.log" ;;
     launchcost) step "host cost of one launch by each launch path, a TMA descriptor and a counter memset"
            { nvcc -O2 -std=c++17 -arch=sm_90a -o /tmp/launch_cost benchmarks/investigations/launch_cost.cu \
                && /tmp/launch_cost > "$LOGS/launch_cost.jsonl"; } 2>&1 | tee "$LOGS/launch_cost.log"

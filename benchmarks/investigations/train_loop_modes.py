@@ -4,7 +4,7 @@ The loop syncs once a step (for the loss), as train_block's does. The first
 `--warmup` steps (compilation, XLA's first command-buffer builds, the
 record stage's node creation) are timed on their own; the next `--steps`
 are the steady state. One JSON line per side on stdout. Run it once per
-launch mode, e.g. with JAX_CLUSTER_RECORD=0, JAX_CLUSTER_PDL=graph or
+launch mode, e.g. with JAX_CLUSTER_RECORD=0, JAX_CLUSTER_PDL=stream or
 XLA_FLAGS=--xla_gpu_enable_command_buffer=, since those are read per process.
 
     python benchmarks/investigations/train_loop_modes.py --size medium --steps 100

@@ -80,8 +80,8 @@ ProgrammaticLaunch programmatic_launch() {
   static const ProgrammaticLaunch where = [] {
     const char* v = std::getenv("JAX_CLUSTER_PDL");
     if (v != nullptr && std::strcmp(v, "0") == 0) return ProgrammaticLaunch::kNone;
-    if (v != nullptr && std::strcmp(v, "graph") == 0) return ProgrammaticLaunch::kStreamAndGraph;
-    return ProgrammaticLaunch::kStream;
+    if (v != nullptr && std::strcmp(v, "stream") == 0) return ProgrammaticLaunch::kStream;
+    return ProgrammaticLaunch::kStreamAndGraph;
   }();
   return where;
 }

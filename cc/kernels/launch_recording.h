@@ -80,10 +80,11 @@ LaunchRecording*& active_launch_recording();
 // Where a kernel that waits for its inputs (griddepcontrol.wait) before its
 // first global access is launched as a programmatic dependent of the kernel
 // before it, so its launch and prologue (barrier set-up, descriptor prefetch)
-// start once that kernel's blocks have exited, before the grid's completion
-// is signalled and its writes flushed. JAX_CLUSTER_PDL=0: nowhere; unset or 1: on
-// stream launches (the driver turns them into programmatic edges under
-// capture); graph: also on the kernel nodes added to XLA's command buffers.
+// start once that kernel's blocks have released them (after their last
+// mainloop) or exited, before the grid's completion is signalled and its
+// writes flushed. By default on stream launches (the driver turns them into
+// programmatic edges under capture) and on the kernel nodes added to XLA's
+// command buffers; JAX_CLUSTER_PDL=stream: stream launches only; 0: nowhere.
 enum class ProgrammaticLaunch { kNone, kStream, kStreamAndGraph };
 ProgrammaticLaunch programmatic_launch();
 
