@@ -222,8 +222,8 @@ def test_captured_calls_still_match_when_recording_is_off():
 # them (kernels/launch_recording.h): by default (on XLA's graph nodes and on
 # the stream, which XLA's capture turns into a programmatic edge), with XLA's
 # command buffers off or the kernel calls kept out of them, and on the stream
-# only. The
-# block-scaled kernel must not be one: its scale-loading warp does not wait.
+# only. The block-scaled kernel must not be one: its scale-loading warp does
+# not wait.
 LAUNCH_MODES = {
     "default": {},
     "stream_no_command_buffers": {"XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer="},
