@@ -39,6 +39,7 @@ from jax_cluster.tuning.accuracy import relative_error  # noqa: E402
 
 SIZES = (1024, 2048)
 PDL_MODES = {"0": "off", "stream": "stream"}
+DEFAULT_PDL_MODE = "stream_and_graph"  # JAX_CLUSTER_PDL unset
 
 
 def chain(mm, length):
@@ -130,7 +131,7 @@ def main():
         # where a kernel without a workspace is launched as a programmatic
         # dependent of the kernel before it: JAX_CLUSTER_PDL=0 "off", =stream
         # "stream", else "stream_and_graph"
-        "jax_cluster_pdl": PDL_MODES.get(os.environ.get("JAX_CLUSTER_PDL", ""), "stream_and_graph"),
+        "jax_cluster_pdl": PDL_MODES.get(os.environ.get("JAX_CLUSTER_PDL", ""), DEFAULT_PDL_MODE),
         "notes": [
             "wall_us: median over interleaved rounds of 50 back-to-back calls of a "
             "jit holding a chain of GEMMs, synced once, per GEMM",
@@ -156,7 +157,7 @@ def main():
         stem = common.results_stem("host_overhead_bf16", flags)
         if args.schedule:
             stem += f"_{args.schedule}"
-        if payload["jax_cluster_pdl"] != "stream_and_graph":
+        if payload["jax_cluster_pdl"] != DEFAULT_PDL_MODE:
             stem += f"_pdl_{payload['jax_cluster_pdl']}"
         if not payload["jax_cluster_command_buffers"]:
             stem += "_thunks"
