@@ -227,9 +227,11 @@ NB_MODULE(_ext, m) {
         out["created"] = c.created;
         out["updated"] = c.updated;
         out["captured"] = c.captured;
+        out["reused"] = c.reused;
         return out;
       },
-      "Commands the record stage created and updated, and calls it left to XLA's capture.");
+      "Commands the record stage created and updated, calls it left to XLA's capture, and calls "
+      "whose launches it kept from an earlier call with the same buffers.");
   m.def("embedded_kernel_images", &embedded_kernel_images,
         "The cubins this extension embeds, each with its SM and kernel names.");
   m.def("variants", &variants, "The compiled variants (rows of the menu).");

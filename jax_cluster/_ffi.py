@@ -76,9 +76,12 @@ def record_stage_requested() -> bool:
 
 
 def record_counts() -> dict[str, int]:
-    """Commands the record stage created and updated in this process, and the
-    calls it left to XLA's capture (all zero without kernels)."""
-    return dict(_ext.record_counts()) if with_kernels() else {"created": 0, "updated": 0, "captured": 0}
+    """Commands the record stage created and updated in this process, the calls
+    it left to XLA's capture, and the calls whose launches it kept from an
+    earlier call with the same buffers (all zero without kernels)."""
+    if with_kernels():
+        return dict(_ext.record_counts())
+    return {"created": 0, "updated": 0, "captured": 0, "reused": 0}
 
 
 # A no-op target: registering it makes XLA call it, which shows the extension

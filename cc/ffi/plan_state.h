@@ -16,6 +16,7 @@
 #include "common/gemm_problem.h"
 #include "common/plan.h"
 #include "dispatch/gemm_dispatch.h"
+#include "ffi/recorded_launches.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_cluster {
@@ -43,6 +44,8 @@ class PlanState {
 
   // The fused epilogue's scalars, for the call sites that have them.
   EpilogueArgs epilogue;
+  // The record stage's launches for the buffers this call site last saw.
+  RecordedLaunches recorded;
 
  private:
   static constexpr int kDevices = 64;  // devices cached; others are checked every call

@@ -39,7 +39,7 @@ int cubin_sm(std::string_view arch) {
 }
 
 std::atomic<const XLA_FFI_Api*> probed_api{nullptr};
-std::atomic<int64_t> created_count{0}, updated_count{0}, captured_count{0};
+std::atomic<int64_t> created_count{0}, updated_count{0}, captured_count{0}, reused_count{0};
 
 ffi::Error probe_noop() { return ffi::Error::Success(); }
 
@@ -57,7 +57,7 @@ XLA_FFI_Handler* ffi_api_probe() { return FfiApiProbe; }
 const XLA_FFI_Api* captured_ffi_api() { return probed_api.load(); }
 
 RecordCounts record_counts() {
-  return {created_count.load(), updated_count.load(), captured_count.load()};
+  return {created_count.load(), updated_count.load(), captured_count.load(), reused_count.load()};
 }
 
 std::string register_bundle(const char* name, const char* platform,
@@ -97,17 +97,24 @@ ffi::Error record_launch(const char* target, RecordContext& ctx, PlanState& stat
   const VariantOps& ops = v.ops();
   if (ops.workspace_size(problem, dispatch.choices, dispatch.slots) > workspace.size_bytes())
     return capture();
+  const RecordedLaunches::Key key = RecordedLaunches::key_of(
+      device_id, problem, workspace.untyped_data(), workspace.size_bytes());
   LaunchRecording steps;
-  {
-    ScopedRecording scope(&steps);
-    if (poison_output() &&
-        fill_or_record(d.untyped_data(), d.size_bytes(), 0xFF, stream) != cudaSuccess)
-      return capture();
-    if (const char* err = ops.run(problem, dispatch.choices, dispatch.slots,
-                                  workspace.untyped_data(), workspace.size_bytes(), stream))
-      return ffi::Error::Internal(std::string(target) + " (" + v.name + "): " + err);
+  if (state.recorded.find(key, &steps)) {
+    reused_count.fetch_add(1);
+  } else {
+    {
+      ScopedRecording scope(&steps);
+      if (poison_output() &&
+          fill_or_record(d.untyped_data(), d.size_bytes(), 0xFF, stream) != cudaSuccess)
+        return capture();
+      if (const char* err = ops.run(problem, dispatch.choices, dispatch.slots,
+                                    workspace.untyped_data(), workspace.size_bytes(), stream))
+        return ffi::Error::Internal(std::string(target) + " (" + v.name + "): " + err);
+    }
+    if (steps.refused || steps.count == 0) return capture();
+    state.recorded.keep(key, steps);
   }
-  if (steps.refused || steps.count == 0) return capture();
   // everything looked up before the first command, so a refusal leaves none behind
   const KernelImage* images[LaunchRecording::kMaxSteps] = {};
   std::string why;

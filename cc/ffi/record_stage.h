@@ -50,9 +50,10 @@ xla::ffi::Error record_launch(const char* target, RecordContext& ctx, PlanState&
                               xla::ffi::AnyBuffer& workspace, cudaStream_t stream);
 
 // How the record stage has answered XLA so far, in this process: commands
-// created, parameter updates, and calls left to XLA's capture.
+// created, parameter updates, calls left to XLA's capture, and calls whose
+// launches were kept from an earlier call with the same buffers.
 struct RecordCounts {
-  int64_t created = 0, updated = 0, captured = 0;
+  int64_t created = 0, updated = 0, captured = 0, reused = 0;
 };
 RecordCounts record_counts();
 

@@ -26,7 +26,7 @@ def test_on_by_default_and_off_on_request(monkeypatch, fresh_registration):
 
 
 def test_counts_start_at_zero_without_a_gpu(fresh_registration):
-    assert _ffi.record_counts() == {"created": 0, "updated": 0, "captured": 0}
+    assert _ffi.record_counts() == {"created": 0, "updated": 0, "captured": 0, "reused": 0}
 
 
 def test_requested_without_the_probe_called_records_nothing(monkeypatch, fresh_registration):
