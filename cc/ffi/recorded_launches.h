@@ -1,9 +1,10 @@
 // The launches a call site's record stage described, kept for the last few
 // sets of buffers it saw. XLA updates a recorded node whenever a buffer it
-// reads or writes moves, and a jit's outputs and temporaries move between a
-// few addresses from call to call; an update with buffers seen before hands
-// over the kept parameters instead of describing the launches again (CUTLASS's
-// argument conversion and its TMA descriptors), which is most of its host cost.
+// reads or writes moves, and a jit's outputs and temporaries often move
+// between a few addresses from call to call; an update with buffers seen
+// before hands over the kept parameters instead of describing the launches
+// again (CUTLASS's argument conversion and its TMA descriptors), our share of
+// the update's host cost.
 #pragma once
 
 #include <array>
