@@ -33,6 +33,8 @@ def test_smoke_run_records_every_contender(tmp_path):
 def test_the_xla_form_and_the_qwix_path_give_the_same_layouts_for_f32():
     bench = _bench()
     w = jax.random.normal(jax.random.key(0), (2, 256, 384))
-    assert bench.bitwise_equal(bench.xla_form(w), bench.through_qwix(w))
+    # under jit, as the benchmark times them: eager dispatch may divide by the
+    # format's largest value exactly where jit multiplies by its reciprocal
+    assert bench.bitwise_equal(jax.jit(bench.xla_form)(w), jax.jit(bench.through_qwix)(w))
     kn, nk, _ = bench.xla_form(w)
     np.testing.assert_array_equal(np.asarray(kn).view(np.uint8), np.asarray(nk).transpose(0, 2, 1).view(np.uint8))
