@@ -30,10 +30,13 @@ rows in (1, 128) tiles, each expert's [K, N] in (128, 128) blocks, e4m3),
 the weights a served model keeps in fp8. Its roofline counts one byte per
 value plus the float32 scales (the output bf16) and, for compute, twice the
 measured bf16 peak (the H200's fp8 tensor rate). Contenders: jax_cluster's
-ragged_dot of the QArrays as planned (jc), its bf16 path on the dequantized
-operands (jc_bf16: what a bf16 model runs), tokamax's ragged_dot of the
-QArrays, and lax.ragged_dot on the dequantized operands; each checked against
-the float32 product of the dequantized operands. Writes ragged_decode_fp8.json.
+ragged_dot of the QArrays as planned (jc), pinned to each block-scaled
+decode row of FP8_PINNED where the build has it ("jc_fp8_decode2/4/8": the
+CUDA cores on the fp8 values, clusters of 2, 4 or 8 CTAs splitting K), its
+bf16 path on the dequantized operands (jc_bf16: what a bf16 model runs),
+tokamax's ragged_dot of the QArrays, and lax.ragged_dot on the dequantized
+operands; each checked against the float32 product of the dequantized
+operands. Writes ragged_decode_fp8.json.
 
     python benchmarks/bench_ragged_decode.py --list
     python benchmarks/bench_ragged_decode.py --out benchmarks/results/h200
@@ -86,6 +89,8 @@ PINNED = {
     "jc_narrow": {"tile": (128, 64, 64)},
     **{f"jc_decode{c}": {"tile": (8, 256, 8), "cluster": (c, 1)} for c in (2, 4, 8)},
 }
+# --fp8: the block-scaled decode rows (64 columns an item, one scale block a K step)
+FP8_PINNED = {f"jc_fp8_decode{c}": {"tile": (8, 64, 128), "cluster": (c, 1)} for c in (2, 4, 8)}
 
 
 def case_sizes(rows: int, experts: int, top_k: int) -> np.ndarray:
@@ -125,14 +130,18 @@ def _quantized_experts(w):
     return jax_cluster.quantize(w, block=FP8_BLOCKS["rhs"])
 
 
-def pinned_ragged_dot(m: int, n: int, k: int, experts: int, pin: dict):
-    """jax_cluster.ragged_dot pinned to the row `pin` names, or None and why it cannot run."""
+def pinned_ragged_dot(m: int, n: int, k: int, experts: int, pin: dict, fp8: bool = False):
+    """jax_cluster.ragged_dot pinned to the row `pin` names, or None and why
+    it cannot run; `fp8`: of block-scaled QArrays, the weights [E, N, K]."""
+    kw = {"dtype": "e4m3", "out_dtype": DTYPE, "b_major": "k"} if fp8 else {"dtype": DTYPE}
     try:
-        plan = jax_cluster.plan_ragged(m, n, k, experts, problem="ragged_m", dtype=DTYPE, **pin)
+        plan = jax_cluster.plan_ragged(m, n, k, experts, problem="ragged_m", **kw, **pin)
     except ValueError as exc:  # the build lacks the row
         return None, str(exc)
     if plan.path != "kernel":
         return None, f"no kernel plan for {pin}: {plan.reason}"
+    if fp8:
+        return functools.partial(jax_cluster.ragged_dot, rhs_layout="gnk", plan=plan), None
     return functools.partial(jax_cluster.ragged_dot, plan=plan), None
 
 
@@ -175,8 +184,11 @@ def measure(name, k, n, experts, top_k, rows, ceilings, iterations, timer, only=
         args = [tuple(jax_cluster.dequantize(q, DTYPE) for q in pair) for pair in quantized]
         # the weights as Hopper's fp8 MMA reads them, [E, N, K]: the same blocks, scales and values
         k_major = [(a, _quantized_experts(b.swapaxes(1, 2))) for (a, _), (_, b) in zip(quantized, args)]
-        contenders = {
-            "jc": (functools.partial(jax_cluster.ragged_dot, rhs_layout="gnk"), k_major),
+        contenders = {"jc": (functools.partial(jax_cluster.ragged_dot, rhs_layout="gnk"), k_major)}
+        for short, pin in FP8_PINNED.items():
+            fn, errors[short] = pinned_ragged_dot(m, n, k, experts, pin, fp8=True)
+            contenders[short] = (fn, k_major)
+        contenders |= {
             "jc_bf16": (jax_cluster.ragged_dot, args),
             "tokamax": (tokamax, quantized),
             "xla": (jax.lax.ragged_dot, args),
@@ -300,7 +312,7 @@ def main(argv=None):
     measured = {(name, int(case_sizes(r, experts, top_k).sum())) for (name, _, _, experts, top_k), r in todo}
     rows = [row for key, row in earlier_rows(args.resume).items() if key not in measured]
     order = {name: i for i, (name, *_) in enumerate(LAYERS + SMOKE + SMOKE_FP8)}
-    shown = ("jc", "jc_bf16") if args.fp8 else ("jc", *PINNED)
+    shown = ("jc", *FP8_PINNED, "jc_bf16") if args.fp8 else ("jc", *PINNED)
     for (name, k, n, experts, top_k), r in todo:
         row = measure(name, k, n, experts, top_k, r, ceilings, args.iterations, timer, args.contenders, args.fp8)
         rows.append(row)

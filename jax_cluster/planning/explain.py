@@ -129,14 +129,32 @@ def _roofline(p) -> str:
 
 def _decode_contract(p) -> list[str]:
     s = p.cluster_m
+    if p.dtype in tables.BLOCK_SCALED_DTYPES:
+        block = tables.SCALE_BLOCK
+        slice_and_operands = [
+            f"CTA r of {s}: whole scale blocks of K = {p.k}, blocks [r*ceil(K/{block}/{s}), "
+            f"(r+1)*ceil(K/{block}/{s})) of every item it takes, all {p.tile_n} columns; each warp owns "
+            f"{p.tile_n // tables.DECODE_BLOCKWISE_WARPS} of them, four a step, eight lanes reading one "
+            f"column's {block}-value block in 16-byte loads, {p.stages} blocks of each column in flight per lane",
+            f"A: the item's rows (at most {p.tile_m}) staged in shared memory as float32 times their tile "
+            f"scales, {p.stages} blocks of K at a time; B's block scale multiplies each lane's 16-value sum",
+            f"DSMEM: each warp's column sums (its lanes' shuffled together) go to its CTA's shared memory; "
+            f"after a cluster barrier, CTA r sums every {s}th slot of the item's tile over the {s} CTAs' "
+            "shared memory and writes it; two buffers alternate by item, so one cluster barrier per item "
+            "orders the reads before the next writes",
+        ]
+    else:
+        slice_and_operands = [
+            f"CTA r of {s}: rows [r*ceil(K/{s}), (r+1)*ceil(K/{s})) of K = {p.k} of every item it takes, "
+            f"all {p.tile_n} columns; its {p.tile_k} warps take every {p.tile_k}th row of B in that slice, "
+            f"each lane 8 columns in one 16-byte load, {p.stages} loads in flight per lane",
+            f"A: the item's rows (at most {p.tile_m}) staged in shared memory as float32, 256 rows of K at a time",
+            f"DSMEM: each CTA adds up its warps' sums in its own shared memory; after a cluster barrier, "
+            f"CTA r sums every {s}th slot of the item's tile over the {s} CTAs' shared memory and writes it; "
+            "two buffers alternate by item, so one cluster barrier per item orders the reads before the next writes",
+        ]
     return [
-        f"CTA r of {s}: rows [r*ceil(K/{s}), (r+1)*ceil(K/{s})) of K = {p.k} of every item it takes, "
-        f"all {p.tile_n} columns; its {p.tile_k} warps take every {p.tile_k}th row of B in that slice, "
-        f"each lane 8 columns in one 16-byte load, {p.stages} loads in flight per lane",
-        f"A: the item's rows (at most {p.tile_m}) staged in shared memory as float32, 256 rows of K at a time",
-        f"DSMEM: each CTA adds up its warps' sums in its own shared memory; after a cluster barrier, "
-        f"CTA r sums every {s}th slot of the item's tile over the {s} CTAs' shared memory and writes it; "
-        "two buffers alternate by item, so one cluster barrier per item orders the reads before the next writes",
+        *slice_and_operands,
         "no multicast: each CTA reads its own slice of B, and A is a few rows",
         "barriers: one cluster barrier (arrive/wait) per item, and one before exit (no CTA leaves "
         "while its partial sums may still be read)",

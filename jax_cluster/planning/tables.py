@@ -65,6 +65,8 @@ SCHEDULES_BY_KIND: dict[str, tuple[str, ...]] = {k: tuple(d["schedules"]) for k,
 FFI_TARGETS: dict[str, str] = dict(_CONTRACT["ffi_targets"])
 # The most groups a decode row takes: its CTAs keep every group's rows in shared memory.
 DECODE_MAX_GROUPS: int = _CONTRACT["decode_max_groups"]
+# The warps of a block-scaled decode CTA: each owns tile_n / DECODE_BLOCKWISE_WARPS columns.
+DECODE_BLOCKWISE_WARPS: int = _CONTRACT["decode_blockwise_warps"]
 # The gated epilogue's B: gate and up columns alternate in blocks of GATE_BLOCK.
 GATE_BLOCK: int = _CONTRACT["gate_block"]
 # The problem each fused epilogue serves.

@@ -183,8 +183,9 @@ def grouped_cases(v: tables.Variant, clusters: int, quick: bool):
     A block-scaled ragged_k variant takes its rows in the block-aligned layout."""
     per_tile = v.tile_m if v.problem == "ragged_m" else 64
     scaled = v.dtype in tables.BLOCK_SCALED_DTYPES
+    small_k = -(-v.tile_m // tables.SCALE_BLOCK) * tables.SCALE_BLOCK if scaled else v.tile_m  # whole scale blocks
     cases = [
-        (f"{c} tiles / {clusters} CTAs", [per_tile] * c, per_tile * c, v.tile_m, v.tile_n)
+        (f"{c} tiles / {clusters} CTAs", [per_tile] * c, per_tile * c, small_k, v.tile_n)
         for c in (max(1, clusters - 1), clusters, clusters + 1)
     ]
     if not quick:

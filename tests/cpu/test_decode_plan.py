@@ -10,15 +10,26 @@ from jax_cluster.planning import cost_model, tables
 from jax_cluster.planning.device import DeviceInfo
 
 H200 = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132, 232448, 50 << 20)
-DECODE = [v for v in tables.load_menu() if v.kind == "decode"]
+DECODE = [v for v in tables.load_menu() if v.kind == "decode" and v.dtype == "bf16"]
+FP8_DECODE = [v for v in tables.load_menu() if v.kind == "decode" and v.dtype in tables.BLOCK_SCALED_DTYPES]
 needs_decode_rows = pytest.mark.skipif(
     not _ffi.with_kernels() or not {v.name for v in DECODE} & _ffi.compiled_variant_names(),
     reason="built without the decode rows",
+)
+needs_fp8_decode_rows = pytest.mark.skipif(
+    not _ffi.with_kernels() or not {v.name for v in FP8_DECODE} & _ffi.compiled_variant_names(),
+    reason="built without the block-scaled decode rows",
 )
 
 
 def _plan(m, n, k, groups, **kw):
     return jax_cluster.plan_ragged(m, n, k, groups, problem="ragged_m", dtype=jnp.bfloat16, device=H200, **kw)
+
+
+def _fp8_plan(m, n, k, groups, **kw):
+    return jax_cluster.plan_ragged(
+        m, n, k, groups, problem="ragged_m", dtype="e4m3", out_dtype=jnp.bfloat16, b_major="k", device=H200, **kw
+    )
 
 
 def test_every_decode_row_is_a_kn_ragged_m_row_with_a_portable_cluster():
@@ -103,3 +114,42 @@ def test_the_fitted_model_picks_the_measured_best_cluster():
     assert pick(64, 768, 2048, 128) == 4  # Qwen3-30B gate, 64 rows (held out): 54.2 against 59.4 and 59.7
     assert pick(64, 1024, 2048, 64) == 4  # OLMoE gate, 64 rows: 57.4 against 63.6 and 65.8
     assert pick(2, 14336, 4096, 8) == 2  # Mixtral gate, 2 rows: 64.8 against 67.4 and 71.6
+
+
+def test_every_block_scaled_decode_row_reads_k_major_weights_in_whole_scale_blocks():
+    assert FP8_DECODE
+    for v in FP8_DECODE:
+        assert (v.problem, v.dtype, v.a_major, v.b_major, v.schedules) == ("ragged_m", "e4m3", "k", "k", ("static",))
+        assert v.tile_k == tables.SCALE_BLOCK  # a K step is one scale block of a column
+        assert v.tile_n % (4 * tables.DECODE_BLOCKWISE_WARPS) == 0  # four columns a warp step
+        assert v.tile_m in (4, 8) and v.cluster_n == 1 and 1 <= v.cluster_m <= cost_model.PORTABLE_CLUSTER_SIZE
+        # the bytes a CTA keeps in flight: stages blocks of each of its columns, one byte a value
+        assert cost_model.bytes_in_flight(v, v.dtype) == v.stages * v.tile_n * tables.SCALE_BLOCK
+
+
+@needs_fp8_decode_rows
+def test_a_pinned_block_scaled_decode_plan_explains_its_scale_blocks():
+    v = FP8_DECODE[0]
+    plan = _fp8_plan(8, 768, 2048, 128, variant=v.name)
+    assert plan.variant == v.name, plan.reason
+    text = plan.explain()
+    assert f"clusters of {v.cluster_m} CTAs that split K" in text
+    assert "whole scale blocks of K" in text and "tile scales" in text and "block scale" in text
+    assert f"each warp owns {v.tile_n // tables.DECODE_BLOCKWISE_WARPS} of them" in text
+
+
+@needs_fp8_decode_rows
+def test_unmeasured_block_scaled_decode_rows_stay_out_of_unpinned_plans():
+    if all(v.validated for v in FP8_DECODE):
+        pytest.skip("the block-scaled decode rows are measured and ranked")
+    plan = _fp8_plan(8, 768, 2048, 128)
+    assert plan.kind != "decode", plan.variant
+
+
+def test_the_decode_model_streams_half_the_bytes_in_fp8():
+    bf16, fp8 = DECODE[0], FP8_DECODE[0]
+    # 2 rows on 8 experts of 14336 x 4096 (Mixtral's gate): the weight stream bounds both
+    stream = cost_model.decode_seconds(bf16, 2, 14336, 4096, 8, 132, "bf16", "bf16", H200)
+    half = cost_model.decode_seconds(fp8, 2, 14336, 4096, 8, 132, "e4m3", "bf16", H200)
+    assert half < stream
+    assert cost_model.decode_items(fp8, 8, 768, 128) == 8 * (768 // fp8.tile_n)

@@ -28,7 +28,7 @@ SANITIZER = shutil.which("compute-sanitizer") or next(
 CALLS = pathlib.Path(__file__).with_name("sanitizer_calls.py")
 FAMILIES = {  # regexes on variant names
     "dense": r"^sm\d+_gemm_(?!.*(blockwise|_mxe4m3_))",
-    "block_scaled": r"blockwise|_mxe4m3_",
+    "block_scaled": r"^(?!sm\d+_ragged_decode_).*(blockwise|_mxe4m3_)",  # the decode family has its own
     "grouped": r"^sm\d+_grouped_gemm_(?!.*(blockwise|_mxe4m3_))",
     "decode": r"^sm\d+_ragged_decode_",
 }

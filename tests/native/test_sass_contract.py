@@ -21,7 +21,10 @@ pytestmark = [
 MARKER = re.compile(r"jax_cluster_variant_(\w+)")
 FUNCTION = re.compile(r"^\s*Function : (\S+)\s*$", re.MULTILINE)
 GEMM_KERNEL = "_ZN7cutlass13device_kernel"  # the ragged rows' helper kernels are not GEMMs
-DECODE_KERNEL = "_ZN11jax_cluster4sm906decode20ragged_decode_kernel"
+DECODE_KERNELS = (  # the CUDA-core decode kernels, plain and block-scaled
+    "_ZN11jax_cluster4sm906decode20ragged_decode_kernel",
+    "_ZN11jax_cluster4sm9016decode_blockwise30ragged_decode_blockwise_kernel",
+)
 WORK_QUEUE_FETCH = r"\bATOMG\.E\.ADD\.STRONG\.GPU\b"  # integer add that returns the old value
 CLUSTER_BROADCAST = r"\bSTAS\b"
 # tcgen05.cp: the block-scaled UMMA reads its scale factors from tensor memory
@@ -39,12 +42,15 @@ GRID_DEPENDENTS_RELEASE = r"\bPREEXIT\b"
 def required(v: tables.Variant) -> dict[str, str]:
     """Instruction (regex) -> why the variant must contain it."""
     if v.kind == "decode":
-        return {
+        need = {
             r"\bLDG\.E\.128\.CONSTANT\b": "16-byte read-only loads of the weights",
             r"\bUCGABAR_ARV\b": "cluster barrier arrive (the CTAs' partial sums are complete)",
             r"\bUCGABAR_WAIT\b": "cluster barrier wait",
             r"\bLD\.E\b": "generic loads: the other CTAs' partial sums in distributed shared memory",
         }
+        if v.dtype in tables.BLOCK_SCALED_DTYPES:  # cvt.rn.f16x2.e4m3x2 on the CUDA cores
+            need[rf"\bF2FP\.F16\.{v.dtype.upper()}\.UNPACK_B\b"] = f"fp8 ({v.dtype}) pairs widened to f16"
+        return need
     need = {}
     if v.problem != "dense":
         need[DESCRIPTOR_ACQUIRE] = "per-group TMA descriptor acquire (tensormap fence)"
@@ -106,7 +112,7 @@ def forbidden(v: tables.Variant) -> dict[str, str]:
 def gemm_kernels(sass_text: str) -> list[str]:
     """The SASS of each GEMM kernel function in one cubin's dump."""
     parts = FUNCTION.split(sass_text)
-    return [body for name, body in zip(parts[1::2], parts[2::2]) if name.startswith((GEMM_KERNEL, DECODE_KERNEL))]
+    return [body for name, body in zip(parts[1::2], parts[2::2]) if name.startswith((GEMM_KERNEL, *DECODE_KERNELS))]
 
 
 @pytest.fixture(scope="module")
