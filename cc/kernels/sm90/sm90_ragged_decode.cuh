@@ -279,6 +279,66 @@ __global__ void __launch_bounds__(Warps * 32, 2) ragged_decode_kernel(Args p) {
   cluster.sync();  // no CTA leaves while another may still read its partials
 }
 
+// The clusters of `splits` CTAs of `kernel` (`threads` each, `smem` dynamic
+// bytes) resident at once on `device_id`; `prepare` runs on that device first
+// (a kernel that asks for more shared memory sets its attribute there).
+template <class Kernel, class Prepare>
+int resident_clusters(Kernel kernel, int device_id, int splits, int threads, unsigned smem,
+                      Prepare prepare) {
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess) return 0;
+  if (previous != device_id && cudaSetDevice(device_id) != cudaSuccess) return 0;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = splits;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(splits);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (prepare() != cudaSuccess ||
+      cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess)
+    clusters = 0;
+  cudaGetLastError();
+  if (previous != device_id) cudaSetDevice(previous);
+  return clusters;
+}
+
+// What every decode row refuses, before its own operand rules.
+inline const char* refused(const GemmProblem& p, const LaunchChoices& c, const DeviceSlots& s) {
+  if (p.group_sizes == nullptr || p.batch < 1) return "a grouped variant needs group sizes";
+  if (p.batch > kDecodeMaxGroups) return "a decode variant takes at most kDecodeMaxGroups groups";
+  if (c.schedule != Schedule::kStatic) return "a decode variant runs the static schedule only";
+  if (s.max_active_clusters < 1) return "a decode cluster does not fit on this device";
+  return nullptr;
+}
+
+// Decode rows need no workspace: every CTA scans the group sizes itself.
+inline size_t no_workspace(const GemmProblem&, const LaunchChoices&, const DeviceSlots&) {
+  return 0;
+}
+
+// Launches (or records) a decode grid: clusters of `splits` CTAs, as many as
+// the work items can use up to the resident ones. The items are bounded
+// above, as every group's last chunk of tile_m rows may be partial.
+template <class Kernel, class KernelArgs>
+const char* launch_items(Kernel kernel, const GemmProblem& p, int tile_m, int tiles_n, int splits,
+                         int threads, unsigned smem, int resident, cudaStream_t stream,
+                         const KernelArgs& args) {
+  const int64_t chunks = int64_t(p.m) / tile_m + std::min(p.batch, p.m) + 1;
+  const int64_t clusters = std::min<int64_t>(chunks * tiles_n, resident);
+  if (launch_or_record(kernel, dim3(static_cast<unsigned>(clusters * splits)), dim3(threads),
+                       dim3(splits, 1, 1), smem, stream, args) != cudaSuccess) {
+    cudaGetLastError();
+    return "the decode kernel failed to launch";
+  }
+  return nullptr;
+}
+
 }  // namespace decode
 
 // The menu row: TileM rows per item, TileN columns, TileK warps (each one
@@ -315,32 +375,11 @@ struct RaggedDecode {
     return cudaSuccess;
   }
 
-  static cudaLaunchConfig_t config(dim3 grid, cudaLaunchAttribute* attr) {
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = ClusterM;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t c = {};
-    c.gridDim = grid;
-    c.blockDim = dim3(kThreads, 1, 1);
-    c.dynamicSmemBytes = kDynamicSmem;
-    c.attrs = attr;
-    c.numAttrs = 1;
-    return c;
-  }
-
-  static size_t workspace_size(const GemmProblem&, const LaunchChoices&, const DeviceSlots&) {
-    return 0;
-  }
-
   static const char* run(const GemmProblem& p, const LaunchChoices& c, const DeviceSlots& s, void*,
                          size_t, cudaStream_t stream) {
-    if (p.group_sizes == nullptr || p.batch < 1) return "a grouped variant needs group sizes";
-    if (p.batch > kDecodeMaxGroups) return "a decode variant takes at most kDecodeMaxGroups groups";
-    if (c.schedule != Schedule::kStatic) return "a decode variant runs the static schedule only";
+    if (const char* why = decode::refused(p, c, s)) return why;
     if (p.n % decode::kColumnsPerLane || p.k % decode::kColumnsPerLane)
       return "a decode variant needs N and K to be multiples of 8";
-    if (s.max_active_clusters < 1) return "a decode cluster does not fit on this device";
     if (allow_dynamic_smem() != cudaSuccess) {
       cudaGetLastError();
       return "the decode kernel cannot have its shared memory";
@@ -355,33 +394,16 @@ struct RaggedDecode {
                       p.k,
                       (p.n + TileN - 1) / TileN,
                       (p.k + ClusterM - 1) / ClusterM};
-    // a bound on the items: every group's last chunk may be partial
-    const int64_t chunks = int64_t(p.m) / TileM + std::min(p.batch, p.m) + 1;
-    const int64_t clusters = std::min<int64_t>(chunks * args.tiles_n, s.max_active_clusters);
-    if (launch_or_record(kernel, dim3(static_cast<unsigned>(clusters * ClusterM)), dim3(kThreads),
-                         dim3(ClusterM, 1, 1), kDynamicSmem, stream, args) != cudaSuccess) {
-      cudaGetLastError();
-      return "the decode kernel failed to launch";
-    }
-    return nullptr;
+    return decode::launch_items(kernel, p, TileM, args.tiles_n, ClusterM, kThreads, kDynamicSmem,
+                                s.max_active_clusters, stream, args);
   }
 
   static int max_active_clusters(int device_id) {
-    int previous = 0;
-    if (cudaGetDevice(&previous) != cudaSuccess) return 0;
-    if (previous != device_id && cudaSetDevice(device_id) != cudaSuccess) return 0;
-    cudaLaunchAttribute attr[1];
-    cudaLaunchConfig_t cfg = config(dim3(ClusterM), attr);
-    int clusters = 0;
-    if (allow_dynamic_smem() != cudaSuccess ||
-        cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess)
-      clusters = 0;
-    cudaGetLastError();
-    if (previous != device_id) cudaSetDevice(previous);
-    return clusters;
+    return decode::resident_clusters(kernel, device_id, ClusterM, kThreads, kDynamicSmem,
+                                     &allow_dynamic_smem);
   }
 
-  static constexpr VariantOps ops{&workspace_size, &run, &max_active_clusters};
+  static constexpr VariantOps ops{&decode::no_workspace, &run, &max_active_clusters};
 };
 
 }  // namespace jax_cluster::sm90

@@ -240,19 +240,12 @@ struct RaggedDecode<cutlass::float_e4m3_t, ElementD, cutlass::layout::RowMajor,
   static constexpr auto kernel =
       &decode_blockwise::ragged_decode_blockwise_kernel<ElementD, TileM, TileN, Stages, ClusterM>;
 
-  static size_t workspace_size(const GemmProblem&, const LaunchChoices&, const DeviceSlots&) {
-    return 0;
-  }
-
   static const char* run(const GemmProblem& p, const LaunchChoices& c, const DeviceSlots& s, void*,
                          size_t, cudaStream_t stream) {
-    if (p.group_sizes == nullptr || p.batch < 1) return "a grouped variant needs group sizes";
-    if (p.batch > kDecodeMaxGroups) return "a decode variant takes at most kDecodeMaxGroups groups";
-    if (c.schedule != Schedule::kStatic) return "a decode variant runs the static schedule only";
+    if (const char* why = decode::refused(p, c, s)) return why;
     if (p.scale_a == nullptr || p.scale_b == nullptr) return "a block-scaled variant needs scales";
     if (p.k % decode_blockwise::kBlock || p.n % decode::kColumnsPerLane)
       return "a block-scaled decode variant needs K a multiple of 128 and N of 8";
-    if (s.max_active_clusters < 1) return "a decode cluster does not fit on this device";
     const int k_blocks = p.k / decode_blockwise::kBlock;
     decode_blockwise::Args args{
         {p.a, p.b, p.d, p.group_sizes, p.batch, p.m, p.n, p.k, (p.n + TileN - 1) / TileN,
@@ -261,39 +254,16 @@ struct RaggedDecode<cutlass::float_e4m3_t, ElementD, cutlass::layout::RowMajor,
         p.scale_b,
         k_blocks,
         (p.n + decode_blockwise::kBlock - 1) / decode_blockwise::kBlock};
-    // a bound on the items: every group's last chunk may be partial
-    const int64_t chunks = int64_t(p.m) / TileM + std::min(p.batch, p.m) + 1;
-    const int64_t clusters = std::min<int64_t>(chunks * args.base.tiles_n, s.max_active_clusters);
-    if (launch_or_record(kernel, dim3(static_cast<unsigned>(clusters * ClusterM)), dim3(kThreads),
-                         dim3(ClusterM, 1, 1), 0, stream, args) != cudaSuccess) {
-      cudaGetLastError();
-      return "the decode kernel failed to launch";
-    }
-    return nullptr;
+    return decode::launch_items(kernel, p, TileM, args.base.tiles_n, ClusterM, kThreads, 0,
+                                s.max_active_clusters, stream, args);
   }
 
   static int max_active_clusters(int device_id) {
-    int previous = 0;
-    if (cudaGetDevice(&previous) != cudaSuccess) return 0;
-    if (previous != device_id && cudaSetDevice(device_id) != cudaSuccess) return 0;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = ClusterM;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(ClusterM);
-    cfg.blockDim = dim3(kThreads);
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) clusters = 0;
-    cudaGetLastError();
-    if (previous != device_id) cudaSetDevice(previous);
-    return clusters;
+    return decode::resident_clusters(kernel, device_id, ClusterM, kThreads, 0,
+                                     [] { return cudaSuccess; });
   }
 
-  static constexpr VariantOps ops{&workspace_size, &run, &max_active_clusters};
+  static constexpr VariantOps ops{&decode::no_workspace, &run, &max_active_clusters};
 };
 
 }  // namespace jax_cluster::sm90
