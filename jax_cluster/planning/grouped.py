@@ -119,6 +119,14 @@ def plan_ragged(
             + ("CUDA-core decode rows run it" if takes else "grouped GEMM's tensor cores run it, not the decode rows")
         ]
 
+    if not rows:  # every ranked row is a narrow or decode row, and the call is not theirs
+        return xla_plan(
+            base,
+            "the ranked rows for this call serve decode-size calls only (narrow tiles: memory-bound calls; "
+            f"CUDA-core decode rows: at most {cost_model.DECODE_MAX_ROWS_PER_GROUP:g} rows per group)",
+            decode_note,
+        )
+
     def options(v: tables.Variant, clusters: int):
         if v.kind == "decode":
             yield _decode_candidate(v, m, n, k, groups, clusters, call, dev, memory_bound)

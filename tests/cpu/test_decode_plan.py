@@ -1,6 +1,8 @@
 """The decode rows in the planner: what a decode plan says it does, where the
 cost model sends calls, and the limits the kernel's group table sets."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import pytest
 
@@ -153,3 +155,18 @@ def test_the_decode_model_streams_half_the_bytes_in_fp8():
     half = cost_model.decode_seconds(fp8, 2, 14336, 4096, 8, 132, "e4m3", "bf16", H200)
     assert half < stream
     assert cost_model.decode_items(fp8, 8, 768, 128) == 8 * (768 // fp8.tile_n)
+
+
+@needs_decode_rows
+def test_a_call_that_only_decode_size_rows_could_take_says_so(monkeypatch):
+    """With the training-size grouped rows out of the ranking, a compute-bound
+    call has no row: XLA runs it, and the plan says why, not that nothing fits."""
+    menu = tuple(
+        dataclasses.replace(
+            v, validated=v.validated and (v.kind == "decode" or v.tile_n <= cost_model.DECODE_TILE_N_MAX)
+        )
+        for v in tables.load_menu()
+    )
+    monkeypatch.setattr(tables, "load_menu", lambda *args: menu)
+    plan = _plan(16384, 4096, 4096, 8)
+    assert plan.path == "xla" and "decode-size calls only" in plan.reason, plan.reason
