@@ -10,31 +10,27 @@ gives each call new buffers; otherwise they move between a few addresses.
     python benchmarks/bench_record_updates.py
 """
 
+import pathlib
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 
-from jax_cluster import _ffi
-from jax_cluster.planning.dense import plan_gemm
-from jax_cluster.primitives.gemm import gemm
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import bench_host_overhead  # noqa: E402
+
+from jax_cluster import _ffi  # noqa: E402
+from jax_cluster.planning.dense import plan_gemm  # noqa: E402
+from jax_cluster.primitives.gemm import gemm  # noqa: E402
 
 CHAIN, CALLS = 32, 50
 
 
-def chain(plan):
-    def run(a, b):
-        for _ in range(CHAIN):
-            a = gemm(a, b, a_major="k", b_major="n", plan=plan)
-        return a
-
-    return jax.jit(run)
-
-
 def main():
-    for n in (1024, 2048):
+    for n in bench_host_overhead.SIZES:
         plan = plan_gemm(n, n, n, dtype=jnp.bfloat16, a_major="k", b_major="n", route="kernel")
-        f = chain(plan)
+        f = bench_host_overhead.chain(lambda x, y, plan=plan: gemm(x, y, a_major="k", b_major="n", plan=plan), CHAIN)
         a = (jax.random.normal(jax.random.key(0), (n, n)) / n**0.5).astype(jnp.bfloat16)
         b = (jax.random.normal(jax.random.key(1), (n, n)) / n**0.5).astype(jnp.bfloat16)
         for _ in range(5):

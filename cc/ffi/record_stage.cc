@@ -115,12 +115,6 @@ ffi::Error record_launch(const char* target, RecordContext& ctx, PlanState& stat
     if (steps.refused || steps.count == 0) return capture();
     state.recorded.keep(key, steps);
   }
-  // everything looked up before the first command, so a refusal leaves none behind
-  const KernelImage* images[LaunchRecording::kMaxSteps] = {};
-  std::string why;
-  for (int i = 0; i < steps.count; ++i)
-    if ((images[i] = find_kernel_image(steps.steps[i].kernel, cubin_sm(v.arch), &why)) == nullptr)
-      return capture();
   auto args_of = [&](const RecordedStep& s) {
     std::vector<ffi::KernelArg> args;
     for (int j = 0; j < s.args; ++j)
@@ -128,6 +122,13 @@ ffi::Error record_launch(const char* target, RecordContext& ctx, PlanState& stat
     return args;
   };
   if (ctx.action() == ffi::RecordAction::kCreate) {
+    // only a new node needs the cubins: all looked up before the first
+    // command, so a refusal leaves none behind
+    const KernelImage* images[LaunchRecording::kMaxSteps] = {};
+    std::string why;
+    for (int i = 0; i < steps.count; ++i)
+      if ((images[i] = find_kernel_image(steps.steps[i].kernel, cubin_sm(v.arch), &why)) == nullptr)
+        return capture();
     // XLA orders a launch after the commands before the call; each further
     // step goes after the one before it, and the last is the one XLA orders
     // the later commands after

@@ -58,7 +58,7 @@ class RecordedLaunches {
   bool find(const Key& key, LaunchRecording* out) const {
     std::lock_guard<std::mutex> lock(mu_);
     for (const Entry& e : entries_) {
-      if (!e.used || e.key != key) continue;
+      if (e.count == 0 || e.key != key) continue;  // count 0: nothing kept there yet
       for (int i = 0; i < e.count; ++i) out->steps[i] = e.steps[i];
       out->count = e.count;
       out->used = e.bytes.size();
@@ -77,13 +77,11 @@ class RecordedLaunches {
     e.count = r.count;
     for (int i = 0; i < r.count; ++i) e.steps[i] = r.steps[i];
     e.bytes.assign(r.bytes, r.bytes + r.used);
-    e.used = true;
   }
 
  private:
   static constexpr int kEntries = 4;
   struct Entry {
-    bool used = false;
     Key key{};
     int count = 0;
     std::array<RecordedStep, LaunchRecording::kMaxSteps> steps;
