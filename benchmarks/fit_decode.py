@@ -1,6 +1,8 @@
 """Fits the decode rows' constants in jax_cluster/planning/cost_model.py
 (FMA_PER_SM, DECODE_LOADED_LATENCY_S, DECODE_REDUCTION_S) on a decode run
-of bench_ragged_decode.py (rows with jc_decode{2,4,8}_ms), by a grid search
+of bench_ragged_decode.py (rows with jc_decode{2,4,8}_ms, or with
+jc_fp8_decode{2,4,8}_ms for a --fp8 run, which the block-scaled decode rows
+model), by a grid search
 that minimises the squared log error of cost_model.decode_seconds on the
 fitting configurations, then reports, for every case, the cluster size the
 fitted model picks against the measured best, held-out configurations
@@ -35,13 +37,25 @@ def _set(latency, fma, reduction):
     cost_model.DECODE_REDUCTION_S = reduction
 
 
+# The timing keys of each decode family's pinned rows, by the rows' input dtype.
+PINNED_KEYS = {"bf16": "jc_decode", "e4m3": "jc_fp8_decode"}
+
+
+def run_dtype(payload) -> str:
+    """The decode rows' input dtype a run timed: e4m3 for a --fp8 run."""
+    return "e4m3" if str(payload.get("operands", "")).startswith("e4m3") else "bf16"
+
+
 def timings(payload):
-    """(config, rows, n, k, experts, variant, measured seconds) per decode row and case."""
-    rows = {v.cluster_m: v for v in tables.load_menu() if v.kind == "decode"}
+    """(config, rows, n, k, experts, variant, measured seconds) per decode row and case,
+    each timing paired with the row of the run's dtype (both families have clusters of 2, 4, 8)."""
+    dtype = run_dtype(payload)
+    rows = {v.cluster_m: v for v in tables.load_menu() if v.kind == "decode" and v.dtype == dtype}
+    key = PINNED_KEYS[dtype]
     for r in payload["rows"]:
         for c, v in rows.items():
-            if r.get(f"jc_decode{c}_ms"):
-                yield r["config"], r["rows"], r["n"], r["k"], r["experts"], v, r[f"jc_decode{c}_ms"] * 1e-3
+            if r.get(f"{key}{c}_ms"):
+                yield r["config"], r["rows"], r["n"], r["k"], r["experts"], v, r[f"{key}{c}_ms"] * 1e-3
 
 
 def main():
@@ -58,7 +72,7 @@ def main():
 
     def predicted(p):
         _, m, n, k, groups, v, _ = p
-        return cost_model.decode_seconds(v, m, n, k, groups, resident[v.cluster_m], "bf16", "bf16", dev)
+        return cost_model.decode_seconds(v, m, n, k, groups, resident[v.cluster_m], v.dtype, v.out, dev)
 
     best = None
     for constants in itertools.product(LATENCIES, FMA_RATES, REDUCTIONS):
