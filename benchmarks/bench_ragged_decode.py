@@ -140,9 +140,8 @@ def pinned_ragged_dot(m: int, n: int, k: int, experts: int, pin: dict, fp8: bool
         return None, str(exc)
     if plan.path != "kernel":
         return None, f"no kernel plan for {pin}: {plan.reason}"
-    if fp8:
-        return functools.partial(jax_cluster.ragged_dot, rhs_layout="gnk", plan=plan), None
-    return functools.partial(jax_cluster.ragged_dot, plan=plan), None
+    layout = {"rhs_layout": "gnk"} if fp8 else {}
+    return functools.partial(jax_cluster.ragged_dot, plan=plan, **layout), None
 
 
 def measure(name, k, n, experts, top_k, rows, ceilings, iterations, timer, only=".", fp8=False) -> dict:

@@ -22,9 +22,13 @@ import itertools
 import json
 import math
 import pathlib
+import sys
 
-from jax_cluster.planning import cost_model, tables
-from jax_cluster.planning.device import DeviceInfo
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import bench_ragged_decode  # noqa: E402
+
+from jax_cluster.planning import cost_model, tables  # noqa: E402
+from jax_cluster.planning.device import DeviceInfo  # noqa: E402
 
 LATENCIES = [x * 1e-7 for x in range(4, 40, 2)]
 FMA_RATES = [x * 1e10 for x in (4, 5, 6, 7, 8, 10, 12)]
@@ -37,8 +41,13 @@ def _set(latency, fma, reduction):
     cost_model.DECODE_REDUCTION_S = reduction
 
 
-# The timing keys of each decode family's pinned rows, by the rows' input dtype.
-PINNED_KEYS = {"bf16": "jc_decode", "e4m3": "jc_fp8_decode"}
+def pinned_key(v: tables.Variant) -> str | None:
+    """The benchmark's name for a decode row's pinned timing (jc_decode2, jc_fp8_decode4, ...)."""
+    pins = {**bench_ragged_decode.PINNED, **bench_ragged_decode.FP8_PINNED}
+    for short, pin in pins.items():
+        if pin["tile"] == (v.tile_m, v.tile_n, v.tile_k) and pin.get("cluster") == (v.cluster_m, v.cluster_n):
+            return short
+    return None
 
 
 def run_dtype(payload) -> str:
@@ -50,12 +59,11 @@ def timings(payload):
     """(config, rows, n, k, experts, variant, measured seconds) per decode row and case,
     each timing paired with the row of the run's dtype (both families have clusters of 2, 4, 8)."""
     dtype = run_dtype(payload)
-    rows = {v.cluster_m: v for v in tables.load_menu() if v.kind == "decode" and v.dtype == dtype}
-    key = PINNED_KEYS[dtype]
+    rows = {pinned_key(v): v for v in tables.load_menu() if v.kind == "decode" and v.dtype == dtype}
     for r in payload["rows"]:
-        for c, v in rows.items():
-            if r.get(f"{key}{c}_ms"):
-                yield r["config"], r["rows"], r["n"], r["k"], r["experts"], v, r[f"{key}{c}_ms"] * 1e-3
+        for key, v in rows.items():
+            if r.get(f"{key}_ms"):
+                yield r["config"], r["rows"], r["n"], r["k"], r["experts"], v, r[f"{key}_ms"] * 1e-3
 
 
 def main():
