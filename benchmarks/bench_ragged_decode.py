@@ -8,7 +8,12 @@ weight from HBM once. The roofline of a case is the larger of
   (bench_matmul.hbm_bandwidth): the rows [R, K] read, the weights of the
   non-empty groups only (a group with no rows costs no weight traffic), and
   the output [R, N] written.
-Both ceilings are measured in the same run. Each case is rows R = tokens x
+Both ceilings are measured in the same run. Beside them each case times a
+plain read of its bytes (read_ms: the faster of XLA's column sum over that
+many bf16 values and its elementwise pass over half as many, which reads and
+writes the same total; rotated like the inputs): the device time any single
+kernel moving those bytes took here, launch and ramp included, which the
+asymptotic bandwidth leaves out at a few MiB. Each case is rows R = tokens x
 top_k from 1 to 2048 spread over 8 to 256 experts (each token's top_k experts
 drawn uniformly, fixed seed), with layer widths from published MoE models.
 
@@ -19,11 +24,12 @@ mosaic ragged_dot at its default config, and lax.ragged_dot; each checked agains
 float32 per-group reference first, then timed by CUPTI with inputs rotated
 past L2 (bench_ragged's helpers). Writes ragged_decode.json with rows[] of
 {config, tokens, top_k, rows, experts, nonempty_groups, bytes, roofline_ms,
-jc_ms, jc_tile_n, jc_variant, jc_wide_ms, jc_narrow_ms, jc_decode{2,4,8}_ms, tokamax_ms, xla_ms,
-jc_share_of_roofline, jc_vs_tokamax} (a contender that cannot run records
-{name}_error) and a PNG. --resume FILE keeps an earlier run's rows of the
-cases this run does not measure; --contenders REGEX times only the sides it
-matches (the others' fields are absent from the new rows).
+read_ms, read_share_of_roofline, jc_ms, jc_tile_n, jc_variant, jc_wide_ms,
+jc_narrow_ms, jc_decode{2,4,8}_ms, tokamax_ms, xla_ms, jc_share_of_roofline,
+jc_vs_tokamax} (a contender that cannot run records {name}_error) and a PNG.
+--resume FILE keeps an earlier run's rows of the cases this run does not
+measure; --contenders REGEX times only the sides it matches (the others'
+fields are absent from the new rows).
 
 --fp8: the same cases on block-scaled fp8 operands (`jax_cluster.quantize`:
 rows in (1, 128) tiles, each expert's [K, N] in (128, 128) blocks, e4m3),
@@ -144,6 +150,24 @@ def pinned_ragged_dot(m: int, n: int, k: int, experts: int, pin: dict, fp8: bool
     return functools.partial(jax_cluster.ragged_dot, plan=plan, **layout), None
 
 
+READ_COLUMNS = 4096
+
+
+def read_ms(nbytes: int, sets: int, iterations: int, timer) -> float:
+    """Device time of the fastest plain XLA read of `nbytes` measured here:
+    a column sum of that many bf16 bytes (one read, a 16 KiB write) or an
+    elementwise pass over half of them (the same bytes read and written),
+    each over `sets` rotated buffers."""
+    itemsize = jnp.dtype(DTYPE).itemsize
+    rows = max(1, nbytes // (itemsize * READ_COLUMNS))
+    keys = jax.random.split(jax.random.key(rows), sets)
+    whole = [(common.randn(key, (rows, READ_COLUMNS), DTYPE),) for key in keys]
+    half = [(x[: max(1, rows // 2)],) for (x,) in whole]
+    column_sum = timer(lambda x: jnp.sum(x, axis=0, dtype=jnp.float32), whole, iterations)
+    elementwise = timer(lambda x: x + 1, half, iterations)
+    return min(column_sum, elementwise)
+
+
 def measure(name, k, n, experts, top_k, rows, ceilings, iterations, timer, only=".", fp8=False) -> dict:
     sizes = case_sizes(rows, experts, top_k)
     m = int(sizes.sum())
@@ -168,6 +192,8 @@ def measure(name, k, n, experts, top_k, rows, ceilings, iterations, timer, only=
         "roofline_bound": "memory" if nbytes / bandwidth >= 2 * m * k * n / peak else "compute",
     }
     sets = timing.rotation(nbytes)
+    row["read_ms"] = read_ms(nbytes, sets, iterations, timer)
+    row["read_share_of_roofline"] = roofline_ms / row["read_ms"]
     keys = jax.random.split(jax.random.key(rows * 31 + experts), 2 * sets)
     args = [
         (common.randn(keys[2 * i], (m, k), DTYPE), common.randn(keys[2 * i + 1], (experts, k, n), DTYPE))
@@ -250,6 +276,10 @@ def summary(rows) -> dict:
         "rows": len(rows),
         "min_share_of_roofline": min(shares, default=None),
         "cases_below_85pct_of_roofline": sum(s < 0.85 for s in shares),
+        # where even a plain read of the case's bytes stays under 85% of the roofline
+        "cases_a_read_keeps_below_85pct": sum(
+            r["read_share_of_roofline"] < 0.85 for r in rows if r.get("read_share_of_roofline")
+        ),
         "min_vs_tokamax": min(versus, default=None),
         "geomean_vs_tokamax": _geomean(versus),
     }
@@ -319,7 +349,8 @@ def main(argv=None):
         cells = " ".join(
             f"{c} {row[c + '_ms']:.4f}" if row.get(c + "_ms") else f"{c} -" for c in (*shown, "tokamax", "xla")
         )
-        print(f"{name:<22} rows={row['rows']:<5} roofline {row['roofline_ms']:.4f} ms | {cells}", flush=True)
+        bounds = f"roofline {row['roofline_ms']:.4f} read {row['read_ms']:.4f} ms"
+        print(f"{name:<22} rows={row['rows']:<5} {bounds} | {cells}", flush=True)
         # after every case: a run cut off by a time limit keeps what it measured
         payload = {
             "device": common.device_name(),

@@ -4,7 +4,10 @@ layers, Flax's) and each probe named (the training step, or a block's forward
 
   span:    wall ms per call over back-to-back calls synced once;
   device:  the sum of its kernels' durations (CUPTI) and how many ran;
-  program: the compiled program's custom calls, fusions and other thunks.
+  program: the compiled program's custom calls, fusions and other thunks;
+  host:    µs per call to enqueue it (no sync), the Python calls one dispatch
+           makes (few where jit's C++ fast path takes it) and the leaves of
+           its arguments.
 
     python benchmarks/investigations/diag_train_block.py [--size small] [--probes step,moe_mlp]
 Run it under XLA_FLAGS=--xla_gpu_enable_command_buffer= and with
@@ -20,6 +23,7 @@ import pathlib
 import re
 import statistics
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +55,34 @@ def program_counts(fn, args):
     return {k: v for k, v in ops.most_common(12)}, dict(targets)
 
 
+def enqueue_us(fn, args, calls=50):
+    """Host µs per call to enqueue `calls` back-to-back calls, before any sync."""
+    jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    outs = [fn(*args) for _ in range(calls)]
+    spent = time.perf_counter() - start
+    jax.block_until_ready(outs)
+    return spent * 1e6 / calls
+
+
+def python_calls(fn, args, calls=10):
+    """Python (and C) function calls one dispatch makes, from sys.setprofile."""
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        count += event in ("call", "c_call")
+
+    jax.block_until_ready(fn(*args))
+    sys.setprofile(profile)
+    try:
+        outs = [fn(*args) for _ in range(calls)]
+    finally:
+        sys.setprofile(None)
+    jax.block_until_ready(outs)
+    return count / calls
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(train_block.SIZES), default="small")
@@ -79,6 +111,10 @@ def main(argv=None):
             )
             for kernel, k_ms in kernels[:8]:
                 print(f"    {k_ms * 1e3:7.2f} us  {kernel[:110]}")
+            print(
+                f"    host: enqueue {enqueue_us(fn, a):.1f} us a call, {python_calls(fn, a):.0f} Python calls a "
+                f"dispatch, {len(jax.tree.leaves(a))} argument leaves"
+            )
             print(f"    program: {ops}")
             print(f"    custom calls: {targets}")
 

@@ -34,8 +34,11 @@ def test_a_smoke_run_records_the_roofline_and_every_contender(bench, tmp_path):
     bench.main(["--smoke", "--rows", "8", "--iterations", "2", "--out", str(tmp_path)])
     payload = json.loads((tmp_path / "ragged_decode.json").read_text())
     assert len(payload["rows"]) == len(bench.SMOKE)
+    assert payload["summary"]["cases_a_read_keeps_below_85pct"] <= len(bench.SMOKE)
     for row in payload["rows"]:
         assert row["roofline_ms"] > 0 and row["jc_ms"] > 0 and row["jc_share_of_roofline"] > 0
+        # a plain read of the same bytes, timed beside the contenders
+        assert row["read_ms"] > 0 and row["read_share_of_roofline"] == row["roofline_ms"] / row["read_ms"]
         for name in ("jc_narrow", "tokamax", "xla"):
             assert row[f"{name}_ms"] or row[f"{name}_error"]
 
