@@ -53,7 +53,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from jax_cluster import nn as jcnn  # noqa: E402
 from jax_cluster.ops.fp8_training import RECIPES  # noqa: E402
-from jax_cluster.tuning.timing import cupti_ms, span_ms  # noqa: E402
+from jax_cluster.tuning.timing import cupti_ms, enqueue_ms, span_ms  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,15 +188,16 @@ def train(kind, dims: Dims, dtype, steps, fp8=None, mesh=None):
     return losses, per_step, params, probes
 
 
-def interleaved_ms(probes_by_side, rounds=5, calls=50):
-    """{probe: {side: median wall ms}} with the sides alternating round by round."""
+def interleaved_ms(probes_by_side, measure, rounds=5):
+    """{probe: {side: median of measure(fn, [args]) in ms}} with the sides
+    alternating round by round."""
     times = {name: {side: [] for side in probes_by_side} for name in next(iter(probes_by_side.values()))}
     for r in range(rounds):
         sides = list(probes_by_side) if r % 2 == 0 else list(probes_by_side)[::-1]
         for name in times:
             for side in sides:
                 fn, args = probes_by_side[side][name]
-                times[name][side].append(span_ms(fn, [args], calls=calls))
+                times[name][side].append(measure(fn, [args]))
     return {name: {side: statistics.median(ms) for side, ms in by_side.items()} for name, by_side in times.items()}
 
 
@@ -264,8 +265,10 @@ def main(argv=None):
     ours, our_time, our_params, our_probes = train("jax_cluster", dims, dtype, args.steps, recipe, mesh)
     theirs, their_time, their_params, their_probes = train("flax", dims, dtype, args.steps, mesh=mesh)
     assert jax.tree.structure(our_params) == jax.tree.structure(their_params)
-    timed = interleaved_ms({"jax_cluster": our_probes, "flax": their_probes}, args.rounds, args.calls)
-    device = device_ms({"jax_cluster": our_probes, "flax": their_probes})
+    probes = {"jax_cluster": our_probes, "flax": their_probes}
+    timed = interleaved_ms(probes, lambda fn, a: span_ms(fn, a, calls=args.calls), args.rounds)
+    enqueued = interleaved_ms(probes, lambda fn, a: enqueue_ms(fn, a, calls=args.calls), args.rounds)
+    device = device_ms(probes)
 
     side = f", jax_cluster in fp8 ({recipe})" if recipe else ""
     side += f", data parallel over {mesh.size} devices" if mesh is not None else ""
@@ -285,6 +288,11 @@ def main(argv=None):
             f"{name} (back to back, median of {args.rounds} interleaved rounds): jax_cluster "
             f"{by_side['jax_cluster']:.3f} ms, flax {by_side['flax']:.3f} ms "
             f"({by_side['flax'] / by_side['jax_cluster']:.2f}x)"
+        )
+    for name, by_side in enqueued.items():
+        print(
+            f"{name} (host time to enqueue a call, median of {args.rounds} interleaved rounds): jax_cluster "
+            f"{by_side['jax_cluster'] * 1e3:.1f} us, flax {by_side['flax'] * 1e3:.1f} us"
         )
     for name, by_side in (device or {}).items():
         print(
@@ -308,12 +316,16 @@ def main(argv=None):
             "step_ms": {"jax_cluster": our_time * 1e3, "flax": their_time * 1e3},
             # step and each block, forward + backward, dispatched back to back
             "timed_ms": timed,
+            # the host's share of timed_ms: dispatching the calls, before their sync
+            "enqueue_ms": enqueued,
             # the same probes' kernel time per call (CUPTI); null without a GPU
             "device_ms": device,
             "notes": [
                 "step_ms: wall time per step after the first in the training loop, which syncs every step",
                 f"timed_ms: wall ms per call over {args.calls} back-to-back calls synced once, median of "
                 f"{args.rounds} rounds alternating the sides; blocks are forward + backward",
+                f"enqueue_ms: host ms per call to dispatch {args.calls} back-to-back calls, up to their sync, "
+                f"median of {args.rounds} rounds alternating the sides",
                 "device_ms: median CUPTI kernel time per call over 10 calls, the host's dispatch left out",
             ],
         }

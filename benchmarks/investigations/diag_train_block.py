@@ -23,7 +23,6 @@ import pathlib
 import re
 import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -53,16 +52,6 @@ def program_counts(fn, args):
             ops[op.group(1)] += 1
     targets = collections.Counter(re.findall(r'custom_call_target="([^"]+)"', text))
     return {k: v for k, v in ops.most_common(12)}, dict(targets)
-
-
-def enqueue_us(fn, args, calls=50):
-    """Host µs per call to enqueue `calls` back-to-back calls, before any sync."""
-    jax.block_until_ready(fn(*args))
-    start = time.perf_counter()
-    outs = [fn(*args) for _ in range(calls)]
-    spent = time.perf_counter() - start
-    jax.block_until_ready(outs)
-    return spent * 1e6 / calls
 
 
 def python_calls(fn, args, calls=10):
@@ -111,8 +100,9 @@ def main(argv=None):
             )
             for kernel, k_ms in kernels[:8]:
                 print(f"    {k_ms * 1e3:7.2f} us  {kernel[:110]}")
+            enqueue_us = timing.enqueue_ms(fn, [a], calls=50) * 1e3
             print(
-                f"    host: enqueue {enqueue_us(fn, a):.1f} us a call, {python_calls(fn, a):.0f} Python calls a "
+                f"    host: enqueue {enqueue_us:.1f} us a call, {python_calls(fn, a):.0f} Python calls a "
                 f"dispatch, {len(jax.tree.leaves(a))} argument leaves"
             )
             print(f"    program: {ops}")

@@ -112,6 +112,19 @@ def span_ms(fn, args_list, calls: int = 20) -> float:
     return (time.perf_counter() - start) * 1e3 / calls / len(args_list)
 
 
+def enqueue_ms(fn, args_list, calls: int = 20) -> float:
+    """Host time to dispatch one call of `fn` without waiting for it: the
+    wall time of `calls` back-to-back rotated calls up to, not including,
+    their one sync. Where it nears span_ms, the host bounds the calls."""
+    rotated = _rotated(fn)
+    _warm(rotated, args_list, 1)
+    start = time.perf_counter()
+    outs = [rotated(args_list) for _ in range(calls)]
+    spent = time.perf_counter() - start
+    jax.block_until_ready(outs)
+    return spent * 1e3 / calls / len(args_list)
+
+
 def cupti_works(x) -> bool:
     """Whether CUPTI can time a call on `x`'s device (mosaic's GPU library and libcupti load)."""
     try:

@@ -36,6 +36,9 @@ def test_train_block_writes_its_record(tmp_path):
     # the step and each block timed on both sides
     assert set(record["timed_ms"]) == {"step", "attention", "dense_mlp", "moe_mlp"}
     assert all(set(t) == {"jax_cluster", "flax"} and min(t.values()) > 0 for t in record["timed_ms"].values())
+    # the host's dispatch of the same probes, within their back-to-back spans
+    assert set(record["enqueue_ms"]) == set(record["timed_ms"])
+    assert all(min(t.values()) > 0 for t in record["enqueue_ms"].values())
     assert record["device_ms"] is None  # CUPTI times kernels on a GPU only
     assert record["max_difference_of_first_loss"] <= record["tolerance"]
 

@@ -48,6 +48,20 @@ def test_span_is_per_call_over_one_sync(monkeypatch):
     assert timing.span_ms(lambda v: v + 1, [(x,), (x,)], calls=10) == pytest.approx(2000.0)
 
 
+def test_enqueue_stops_the_clock_before_the_sync(monkeypatch):
+    """enqueue_ms reads the clock after the last dispatch and before the
+    sync: 10 calls of 2 sets enqueued in 4 clock seconds are 0.2 s a call."""
+    import jax.numpy as jnp
+
+    clock = iter([100.0, 104.0])
+    synced = []
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(timing.jax, "block_until_ready", lambda outs: synced.append(len(outs)) or outs)
+    x = jnp.ones(4)
+    assert timing.enqueue_ms(lambda v: v + 1, [(x,), (x,)], calls=10) == pytest.approx(200.0)
+    assert synced == [2, 10]  # the warm-up call, then the timed calls once the clock stopped
+
+
 def test_iterations_are_batched_to_what_the_device_can_hold():
     gib = 1 << 30
     stats = {"bytes_limit": 140 * gib, "bytes_in_use": 60 * gib}
