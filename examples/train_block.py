@@ -53,7 +53,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from jax_cluster import nn as jcnn  # noqa: E402
 from jax_cluster.ops.fp8_training import RECIPES  # noqa: E402
-from jax_cluster.tuning.timing import cupti_ms, enqueue_ms, span_ms  # noqa: E402
+from jax_cluster.tuning.timing import back_to_back_ms, cupti_ms  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,17 +188,22 @@ def train(kind, dims: Dims, dtype, steps, fp8=None, mesh=None):
     return losses, per_step, params, probes
 
 
-def interleaved_ms(probes_by_side, measure, rounds=5):
-    """{probe: {side: median of measure(fn, [args]) in ms}} with the sides
-    alternating round by round."""
-    times = {name: {side: [] for side in probes_by_side} for name in next(iter(probes_by_side.values()))}
+def interleaved_ms(probes_by_side, rounds=5, calls=50):
+    """({probe: {side: median span ms}}, {probe: {side: median enqueue ms}})
+    of back-to-back calls (timing.back_to_back_ms), the sides alternating
+    round by round."""
+    names = next(iter(probes_by_side.values()))
+    times = {name: {side: [] for side in probes_by_side} for name in names}
     for r in range(rounds):
         sides = list(probes_by_side) if r % 2 == 0 else list(probes_by_side)[::-1]
         for name in times:
             for side in sides:
                 fn, args = probes_by_side[side][name]
-                times[name][side].append(measure(fn, [args]))
-    return {name: {side: statistics.median(ms) for side, ms in by_side.items()} for name, by_side in times.items()}
+                times[name][side].append(back_to_back_ms(fn, [args], calls=calls))
+    median = lambda pairs, i: statistics.median(p[i] for p in pairs)  # noqa: E731
+    spans = {name: {side: median(pairs, 1) for side, pairs in by_side.items()} for name, by_side in times.items()}
+    enqueues = {name: {side: median(pairs, 0) for side, pairs in by_side.items()} for name, by_side in times.items()}
+    return spans, enqueues
 
 
 def device_ms(probes_by_side, iterations=10):
@@ -266,8 +271,7 @@ def main(argv=None):
     theirs, their_time, their_params, their_probes = train("flax", dims, dtype, args.steps, mesh=mesh)
     assert jax.tree.structure(our_params) == jax.tree.structure(their_params)
     probes = {"jax_cluster": our_probes, "flax": their_probes}
-    timed = interleaved_ms(probes, lambda fn, a: span_ms(fn, a, calls=args.calls), args.rounds)
-    enqueued = interleaved_ms(probes, lambda fn, a: enqueue_ms(fn, a, calls=args.calls), args.rounds)
+    timed, enqueued = interleaved_ms(probes, args.rounds, args.calls)
     device = device_ms(probes)
 
     side = f", jax_cluster in fp8 ({recipe})" if recipe else ""
@@ -324,8 +328,7 @@ def main(argv=None):
                 "step_ms: wall time per step after the first in the training loop, which syncs every step",
                 f"timed_ms: wall ms per call over {args.calls} back-to-back calls synced once, median of "
                 f"{args.rounds} rounds alternating the sides; blocks are forward + backward",
-                f"enqueue_ms: host ms per call to dispatch {args.calls} back-to-back calls, up to their sync, "
-                f"median of {args.rounds} rounds alternating the sides",
+                "enqueue_ms: host ms per call to dispatch the same back-to-back calls, up to their sync",
                 "device_ms: median CUPTI kernel time per call over 10 calls, the host's dispatch left out",
             ],
         }

@@ -100,7 +100,7 @@ def main(argv=None):
             )
             for kernel, k_ms in kernels[:8]:
                 print(f"    {k_ms * 1e3:7.2f} us  {kernel[:110]}")
-            enqueue_us = timing.enqueue_ms(fn, [a], calls=50) * 1e3
+            enqueue_us = timing.back_to_back_ms(fn, [a], calls=50)[0] * 1e3
             print(
                 f"    host: enqueue {enqueue_us:.1f} us a call, {python_calls(fn, a):.0f} Python calls a "
                 f"dispatch, {len(jax.tree.leaves(a))} argument leaves"

@@ -100,29 +100,26 @@ def wall_ms(fn, args_list, iterations: int = 10, warmup: int = 1) -> float:
     return statistics.median(times) * 1e3 / len(args_list)
 
 
+def back_to_back_ms(fn, args_list, calls: int = 20) -> tuple[float, float]:
+    """(enqueue, span) ms per call of `fn` over `calls` back-to-back rotated
+    calls synced once: the host's time to dispatch them, up to the sync, and
+    the wall time through it (the device's span, gaps and host dispatch
+    included, where `wall_ms` syncs after every call). An enqueue near the
+    span means the host bounds the calls."""
+    rotated = _rotated(fn)
+    _warm(rotated, args_list, 1)
+    start = time.perf_counter()
+    outs = [rotated(args_list) for _ in range(calls)]
+    enqueued = time.perf_counter()
+    jax.block_until_ready(outs)
+    done = time.perf_counter()
+    per_call = 1e3 / calls / len(args_list)
+    return (enqueued - start) * per_call, (done - start) * per_call
+
+
 def span_ms(fn, args_list, calls: int = 20) -> float:
-    """Wall time of one call of `fn` over `calls` back-to-back rotated calls,
-    synced once: the device's span, gaps and host dispatch included, where
-    `wall_ms` syncs after every call."""
-    rotated = _rotated(fn)
-    _warm(rotated, args_list, 1)
-    start = time.perf_counter()
-    outs = [rotated(args_list) for _ in range(calls)]
-    jax.block_until_ready(outs)
-    return (time.perf_counter() - start) * 1e3 / calls / len(args_list)
-
-
-def enqueue_ms(fn, args_list, calls: int = 20) -> float:
-    """Host time to dispatch one call of `fn` without waiting for it: the
-    wall time of `calls` back-to-back rotated calls up to, not including,
-    their one sync. Where it nears span_ms, the host bounds the calls."""
-    rotated = _rotated(fn)
-    _warm(rotated, args_list, 1)
-    start = time.perf_counter()
-    outs = [rotated(args_list) for _ in range(calls)]
-    spent = time.perf_counter() - start
-    jax.block_until_ready(outs)
-    return spent * 1e3 / calls / len(args_list)
+    """The span of back_to_back_ms."""
+    return back_to_back_ms(fn, args_list, calls)[1]
 
 
 def cupti_works(x) -> bool:

@@ -37,29 +37,19 @@ def test_no_kernels_is_an_error(monkeypatch):
         timing.cupti_kernels(lambda x: x, [(1,)], iterations=2)
 
 
-def test_span_is_per_call_over_one_sync(monkeypatch):
-    """span_ms warms once, then times `calls` rotated calls with one sync:
-    10 calls of 2 sets that take 40 clock seconds are 2 s per call."""
+def test_back_to_back_times_the_dispatch_and_the_span_of_one_sync(monkeypatch):
+    """back_to_back_ms warms once, then times `calls` rotated calls with one
+    sync, the clock read once before it: 10 calls of 2 sets enqueued in 4
+    clock seconds and synced at 40 are 0.2 s and 2 s a call."""
     import jax.numpy as jnp
 
-    clock = iter([100.0, 140.0])
-    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
-    x = jnp.ones(4)
-    assert timing.span_ms(lambda v: v + 1, [(x,), (x,)], calls=10) == pytest.approx(2000.0)
-
-
-def test_enqueue_stops_the_clock_before_the_sync(monkeypatch):
-    """enqueue_ms reads the clock after the last dispatch and before the
-    sync: 10 calls of 2 sets enqueued in 4 clock seconds are 0.2 s a call."""
-    import jax.numpy as jnp
-
-    clock = iter([100.0, 104.0])
+    clock = iter([100.0, 104.0, 140.0])
     synced = []
     monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
     monkeypatch.setattr(timing.jax, "block_until_ready", lambda outs: synced.append(len(outs)) or outs)
     x = jnp.ones(4)
-    assert timing.enqueue_ms(lambda v: v + 1, [(x,), (x,)], calls=10) == pytest.approx(200.0)
-    assert synced == [2, 10]  # the warm-up call, then the timed calls once the clock stopped
+    assert timing.back_to_back_ms(lambda v: v + 1, [(x,), (x,)], calls=10) == pytest.approx((200.0, 2000.0))
+    assert synced == [2, 10]  # the warm-up call, then the timed calls once the dispatch was clocked
 
 
 def test_iterations_are_batched_to_what_the_device_can_hold():
