@@ -11,7 +11,7 @@ from jax import lax
 from jax_cluster.ops import output_sharding
 from jax_cluster.ops.fp8_dense import scaled_product
 from jax_cluster.ops.precision import check_precision, needs_xla
-from jax_cluster.ops.quantize import dequantize, quantized_operands
+from jax_cluster.ops.quantize import dequantize, dequantize_integer_operands, quantized_operands
 from jax_cluster.planning.call import Call
 from jax_cluster.planning.dense import plan_gemm
 from jax_cluster.planning.plan import Plan, dtype_name
@@ -43,9 +43,11 @@ def matmul(a, b, *, out_dtype=None, plan: Plan | None = None, precision=None, pr
     the block-scaled fp8 kernel where its plan takes the call (a plan from
     `jax_cluster.plan(M, N, K, dtype=jnp.float8_e4m3fn, out_dtype=jnp.bfloat16,
     b_major="k")` pins it); elsewhere they are dequantized to bfloat16 and
-    run the bf16 path (with `plan`, if one is given for it).
+    run the bf16 path (with `plan`, if one is given for it). QArrays of
+    integer values (qwix's int8, int4) are dequantized in their scales' dtype.
     """
     check_precision("jax_cluster.matmul", precision)
+    a, b = dequantize_integer_operands(a, b)
     fp8 = quantized_operands("jax_cluster.matmul", a, b)
     if fp8 is not None:
         out = out_dtype if out_dtype is not None else preferred_element_type
@@ -138,9 +140,11 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     Block-scaled fp8 operands (`jax_cluster.quantize`) are taken in the
     matmul form only: lhs [..., M, K] in (1, 128) blocks contracting its last
     axis, rhs [K, N] or [N, K] in (128, 128) blocks, no batch dimensions;
-    the result is bfloat16 by default and runs as in `matmul`.
+    the result is bfloat16 by default and runs as in `matmul`. QArrays of
+    integer values (qwix's int8, int4) are dequantized in their scales' dtype.
     """
     check_precision("jax_cluster.dot_general", precision)
+    lhs, rhs = dequantize_integer_operands(lhs, rhs)
     fp8 = quantized_operands("jax_cluster.dot_general", lhs, rhs)
     if fp8 is not None:
         _check_fp8_form(fp8[0].qvalue.ndim, fp8[1].qvalue.ndim, dimension_numbers)

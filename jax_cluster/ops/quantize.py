@@ -16,7 +16,8 @@ The block names the last two axes; leading axes (a group axis) get a scale
 each. Dense products run on the block-scaled fp8 kernels where a plan takes
 them (ops/fp8_dense.py), grouped ones in DeepSeek-V3's blocks on the grouped
 kernel (ops/fp8_grouped.py); elsewhere the ops dequantize to bfloat16 and
-take the bf16 path: the recipe's rounding with bf16's speed.
+take the bf16 path: the recipe's rounding with bf16's speed. QArrays of
+integer values (qwix's int8 and int4) are dequantized before any of this.
 """
 
 from __future__ import annotations
@@ -158,6 +159,20 @@ def check_operand(who: str, name: str, q, want_blocks, scale_dtype=jnp.float32) 
             f"{who}: {name} must be scaled in {wanted} blocks of its last two axes, "
             f"got {block[0]}x{block[1]} (values {q.qvalue.shape}, scales {q.scale.shape})"
         )
+
+
+def is_integer_quantized(x) -> bool:
+    """Whether `x` is a QArray of integer values (qwix's int8, int4, ...)."""
+    return is_quantized(x) and jnp.issubdtype(x.qvalue.dtype, jnp.integer)
+
+
+def dequantize_integer_operands(*operands):
+    """The operands with each QArray of integer values (qwix's int8 or int4,
+    any tiling or zero point: weight-only quantization, say) replaced by the
+    values it stands for, in its scales' dtype. No kernel here reads integer
+    values, so such a call runs as on the dequantized arrays; fp8 QArrays
+    pass through to the block-scaled paths and their checks."""
+    return tuple(dequantize(x, x.scale.dtype) if is_integer_quantized(x) else x for x in operands)
 
 
 def quantized_operands(who: str, lhs, rhs):

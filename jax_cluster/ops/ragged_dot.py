@@ -8,7 +8,7 @@ from jax import lax
 from jax_cluster.ops import output_sharding
 from jax_cluster.ops.fp8_grouped import scaled_grouped_product
 from jax_cluster.ops.precision import check_precision, needs_xla
-from jax_cluster.ops.quantize import dequantize, quantized_operands
+from jax_cluster.ops.quantize import dequantize, dequantize_integer_operands, quantized_operands
 from jax_cluster.planning.plan import Plan
 from jax_cluster.primitives.activations import activation_fn
 from jax_cluster.primitives.lowering import clamp_group_sizes
@@ -75,7 +75,9 @@ def ragged_dot(
     takes it (plan_ragged(M / S, N, K, G,
     problem="ragged_m", dtype=jnp.float8_e4m3fn, out_dtype=..., a_major="k",
     b_major="k"), group_offset included; otherwise they are dequantized to
-    bfloat16 and run the bf16 grouped path.
+    bfloat16 and run the bf16 grouped path. QArrays of integer values
+    (qwix's int8 or int4, any tiling: tokamax's quantized inputs) are
+    dequantized in their scales' dtype, either operand alone included.
 
     Differentiable in lhs and rhs: d_lhs is the same grouped product with
     rhs read transposed in place, d_rhs[g] = lhs_g^T dy_g. vmap runs a loop
@@ -87,6 +89,7 @@ def ragged_dot(
     "gkn" or "k" for "gnk", ..., route="kernel" to skip the routing).
     """
     check_precision(_WHO, precision)
+    lhs, rhs = dequantize_integer_operands(lhs, rhs)
     quantized = quantized_operands(_WHO, lhs, rhs)
     if quantized is not None:  # per group, rhs's (128, 128) blocks tile its own [K, N] (or [N, K])
         out = preferred_element_type if preferred_element_type is not None else jnp.bfloat16

@@ -126,10 +126,48 @@ def test_fp8_operands_must_come_in_pairs_and_in_the_recipes_blocks():
     with pytest.raises(ValueError, match="do not tile"):
         jax_cluster.matmul(dataclasses.replace(qa, scale=jnp.ones((64, 3), jnp.float32)), qb)
     int8 = qwix.quantize(_normal(7, (64, 256)), jnp.int8, channelwise_axes=(0,), tiled_axes={1: 128})
-    with pytest.raises(TypeError, match="float8"):
+    with pytest.raises(TypeError, match="quantize both operands"):  # int8 is dequantized: a plain lhs
         jax_cluster.matmul(int8, qb)
     with pytest.raises(TypeError, match="quantize both operands"):
         jax_cluster.ragged_dot(qa, jnp.ones((2, 256, 128)), jnp.array([32, 32], jnp.int32))
+
+
+def _int_quantized(key, shape, qtype, **how):
+    return qwix.quantize(_normal(key, shape).astype(jnp.bfloat16), qtype, **how)
+
+
+# (qtype, how a [K, N] weight is quantized, how a [G, K, N] stack is)
+INTEGER_QUANTIZATIONS = [
+    ("int8", {"channelwise_axes": (1,)}, {"channelwise_axes": (0, 2)}),  # per output column: weight-only int8
+    ("int4", {"tiled_axes": {0: 32}}, {"channelwise_axes": (0,), "tiled_axes": {1: 32}}),  # blocks along K
+    ("int8", {"channelwise_axes": (1,), "calibration_method": "minmax"}, {"calibration_method": "minmax"}),
+]
+
+
+@pytest.mark.parametrize("qtype,weight_how,stack_how", INTEGER_QUANTIZATIONS)
+def test_integer_qarrays_run_as_their_values(qtype, weight_how, stack_how):
+    """qwix's int8 / int4 QArrays (any tiling, zero points too) have no
+    kernel: each op takes the values they stand for, alone or in pairs."""
+    a = _normal(8, (64, 256)).astype(jnp.bfloat16)
+    w = _int_quantized(9, (256, 128), qtype, **weight_how)
+    values = qwix.dequantize(w)
+    assert values.dtype == jnp.bfloat16
+    want = jnp.matmul(a, values, preferred_element_type=jnp.float32)
+    out = jax.jit(jax_cluster.matmul)(a, w)
+    assert out.dtype == jnp.bfloat16 and _relative(out, want) < 1e-2
+    out = jax_cluster.dot_general(a, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    assert out.dtype == jnp.float32 and _relative(out, want) < 1e-2
+    qa = _int_quantized(10, (64, 256), "int8", channelwise_axes=(0,))
+    both = jnp.matmul(qwix.dequantize(qa), values, preferred_element_type=jnp.float32)
+    assert _relative(jax_cluster.matmul(qa, w), both) < 1e-2
+
+    sizes = jnp.array([10, 0, 30], jnp.uint8)  # rows past the last group
+    stack = _int_quantized(11, (3, 256, 128), qtype, **stack_how)
+    values = qwix.dequantize(stack).astype(jnp.float32)
+    ref = jax.lax.ragged_dot(a.astype(jnp.float32), values, sizes.astype(jnp.int32))
+    out = jax.jit(jax_cluster.ragged_dot)(a, stack, sizes)
+    assert out.dtype == jnp.bfloat16 and _relative(out, ref) < 1e-2
+    assert not np.asarray(out[40:]).any()
 
 
 # --------------------------------------------------------------------------- the training recipe
