@@ -4,7 +4,7 @@
 # $RESULTS/logs.tgz after every step and every 30 s, so a run cut off by a
 # time limit still leaves what finished; $RESULTS also gets prebuilt/_ext*.so.
 # Steps: smoke tests checks selftest sweep sanitize sharding lgemms bench grid planner sched walk
-# pdl launchcost layers ragged gated moe decode decodefp8 fp8decoderows dense groupedroute gclusters hostcost fp8 fp8grouped fp8wgrad fp8weights train fp8train traindp fallback pytest (pytest: the tests named by $PYTEST_ARGS;
+# pdl launchcost layers ragged conformance gated moe decode decodefp8 fp8decoderows dense groupedroute gclusters hostcost fp8 fp8grouped fp8wgrad fp8weights train fp8train traindp fallback pytest (pytest: the tests named by $PYTEST_ARGS;
 # FP8_TESTS=0: the fp8 and fp8weights steps without their GPU tests, FP8_ARGS its arguments).
 # Offline machines: put the nvidia-cutlass (and absl-py) wheels in .whl/ first; the
 # ragged and moe steps also want tokamax's (tokamax==0.0.17 einshape qwix immutabledict
@@ -152,6 +152,12 @@ for part in ${STEPS:-tests bench grid}; do
                -p no:cacheprovider -k decode tests/gpu/test_gpu_sanitizer.py
              PYTHONPATH=$PWD/tests/stubs:${PYTHONPATH:-} "$PY" benchmarks/bench_ragged_decode.py --fp8 --out "$LOGS" \
                ${DECODE_ARGS:-}; } 2>&1 | tee "$LOGS/fp8_decode_rows.log" | tail -40 ;;
+    conformance) step "tokamax's ragged_dot tests (from its wheel) through the grouped kernels: JAX_CLUSTER_ROUTE=kernel"
+           { (cd /tmp && JAX_CLUSTER_ROUTE=kernel "$PY" -c 'import jax.numpy as jnp, jax_cluster
+print("their 1024 x 128 -> 256 bf16 product runs", jax_cluster.plan_ragged(1024, 256, 128, 8,
+      problem="ragged_m", dtype=jnp.bfloat16).variant or "on XLA")')
+             JAX_CLUSTER_ROUTE=kernel PYTHONPATH=$PWD/tests/stubs:${PYTHONPATH:-} "$PYTEST" -q -rs -p no:cacheprovider \
+               tests/cpu/test_tokamax_conformance.py; } 2>&1 | tee "$LOGS/conformance.log" | tail -8 ;;
     gated) step "gated epilogue: self-test, GPU tests, sanitizer over the gated row, then against the unfused forward"
            { (cd /tmp && XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" "$PY" -m jax_cluster.selftest --only _gated)
              "$PYTEST" -q -rs -p no:cacheprovider -k gated tests/gpu/test_gpu_ragged.py

@@ -63,6 +63,11 @@ def describe(device=None) -> DeviceInfo:
     """
     if isinstance(device, DeviceInfo):
         return device
+    if device is not None and not hasattr(device, "platform"):
+        raise TypeError(
+            "device must be a jax Device or a jax_cluster.DeviceInfo (for one that is not present), "
+            f"got {type(device).__name__} {device!r}"
+        )
     return _describe_present(jax.devices()[0] if device is None else device)
 
 

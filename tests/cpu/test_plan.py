@@ -53,6 +53,11 @@ def test_cpu_device_falls_back():
     assert p.path == "xla" and "cpu" in p.reason
 
 
+def test_a_device_named_by_a_string_is_a_clear_error():
+    with pytest.raises(TypeError, match="jax Device or a jax_cluster.DeviceInfo"):
+        jax_cluster.plan(64, 64, 64, dtype=jnp.bfloat16, device="h200")
+
+
 @needs_kernels
 def test_h200_plan_is_a_compiled_sm90_variant():
     p = jax_cluster.plan(8192, 8192, 8192, dtype=jnp.bfloat16, device=H200)
