@@ -1,7 +1,7 @@
 """jax_cluster.ragged_dot against tokamax's own ragged_dot test base (from the
 installed tokamax wheel, not copied): every test but those that pass
-tokamax's own AsQArray type. On a CPU they run the XLA paths; on an H200 the
-grouped kernels."""
+tokamax's own AsQArray type. On a CPU they run the XLA paths; on a GPU with
+JAX_CLUSTER_ROUTE=kernel (gpu_check.sh's conformance step) the grouped kernels."""
 
 import importlib.util
 import pathlib
