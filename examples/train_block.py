@@ -200,10 +200,14 @@ def interleaved_ms(probes_by_side, rounds=5, calls=50):
             for side in sides:
                 fn, args = probes_by_side[side][name]
                 times[name][side].append(back_to_back_ms(fn, [args], calls=calls))
-    median = lambda pairs, i: statistics.median(p[i] for p in pairs)  # noqa: E731
-    spans = {name: {side: median(pairs, 1) for side, pairs in by_side.items()} for name, by_side in times.items()}
-    enqueues = {name: {side: median(pairs, 0) for side, pairs in by_side.items()} for name, by_side in times.items()}
-    return spans, enqueues
+
+    def medians(i):  # i: 0 the enqueue, 1 the span of back_to_back_ms's pair
+        return {
+            name: {side: statistics.median(p[i] for p in pairs) for side, pairs in by.items()}
+            for name, by in times.items()
+        }
+
+    return medians(1), medians(0)
 
 
 def device_ms(probes_by_side, iterations=10):
