@@ -295,7 +295,7 @@ def plot(payload, path):
         path,
         [f"{r['config']} R={r['rows']}" for r in rows],
         [r["roofline_ms"] for r in rows],
-        [r["jc_ms"] or float("nan") for r in rows],
+        [r.get("jc_ms") or float("nan") for r in rows],
         baseline_label="roofline",
         ratios=[r.get("jc_share_of_roofline") or float("nan") for r in rows],
         ylabel="ms (device time); label: share of the roofline",

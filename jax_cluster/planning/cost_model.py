@@ -78,6 +78,8 @@ DECODE_TILE_N_MAX = 64
 # a row of A from shared memory and converts a weight), the latency a CTA's
 # loads in flight take to return (its pull rate: stages x 16 bytes x 32 lanes
 # x warps per latency), and the cluster reduction's cost per item and CTA.
+# The pull rate is a fitted rate, not a mechanism: twice the loads in flight
+# did not shorten these calls (docs/performance.md, "Twice the loads").
 FMA_PER_SM = {"sm90a": 6e10}
 DECODE_LOADED_LATENCY_S = 2.0e-6
 DECODE_REDUCTION_S = 0.3e-6

@@ -2,6 +2,7 @@
 roofline counts (weights of non-empty groups only), and a smoke run's record."""
 
 import importlib
+import importlib.util
 import json
 import pathlib
 import sys
@@ -41,6 +42,15 @@ def test_a_smoke_run_records_the_roofline_and_every_contender(bench, tmp_path):
         assert row["read_ms"] > 0 and row["read_share_of_roofline"] == row["roofline_ms"] / row["read_ms"]
         for name in ("jc_narrow", "tokamax", "xla"):
             assert row[f"{name}_ms"] or row[f"{name}_error"]
+
+
+def test_a_run_without_the_planned_side_still_writes_its_plot(bench, tmp_path):
+    # --contenders may leave out "jc" (the pinned rows alone): the plot marks its bars missing
+    bench.main(["--smoke", "--rows", "8", "--iterations", "2", "--contenders", "^xla$", "--out", str(tmp_path)])
+    payload = json.loads((tmp_path / "ragged_decode.json").read_text())
+    assert all("jc_ms" not in row and row["xla_ms"] > 0 for row in payload["rows"])
+    if importlib.util.find_spec("matplotlib"):
+        assert (tmp_path / "ragged_decode.png").stat().st_size > 0
 
 
 def test_resume_keeps_the_other_cases_and_layers_filters(bench, tmp_path):
