@@ -23,8 +23,13 @@ def extension():
     return _ext
 
 
+# Why XLA refused the handlers, once it has (then no call takes a kernel).
+_refusals: list[str] = []
+
+
 def with_kernels() -> bool:
-    return _ext is not None and bool(_ext.with_cuda)
+    """Whether the extension has kernels XLA takes: built with CUDA, its handlers not refused."""
+    return _ext is not None and bool(_ext.with_cuda) and not _refusals
 
 
 def _missing_extension() -> str:
@@ -43,7 +48,7 @@ def why_no_kernels() -> str:
         return _missing_extension()
     if not _ext.with_cuda:
         return "the package was built without a CUDA compiler"
-    return ""
+    return _refusals[0] if _refusals else ""
 
 
 @functools.cache
@@ -91,15 +96,36 @@ _PROBE_TARGET = "jax_cluster_ffi_api_probe"
 
 @functools.cache
 def register_targets() -> bool:
-    """Registers the CUDA handlers once; False when there are none to register."""
+    """Registers the CUDA handlers once; False when there are none to register
+    or XLA refuses them (then every call takes XLA's path, with a warning)."""
     if not with_kernels():
         return False
-    jax.ffi.register_ffi_type(_STATE_TYPE, _ext.state_type(), platform="CUDA")
-    recorded = recorded_targets()
-    for name, stages in _ext.registrations(command_buffers_enabled()).items():
-        if name not in recorded:
-            jax.ffi.register_ffi_target(name, stages, platform="CUDA", api_version=1)
+    try:
+        jax.ffi.register_ffi_type(_STATE_TYPE, _ext.state_type(), platform="CUDA")
+        recorded = recorded_targets()
+        for name, stages in _ext.registrations(command_buffers_enabled()).items():
+            if name not in recorded:
+                jax.ffi.register_ffi_target(name, stages, platform="CUDA", api_version=1)
+    except jax.errors.JaxRuntimeError as exc:
+        _refusals.append(_refusal(exc))
+        warnings.warn(
+            f"jax_cluster: {_refusals[0]}; every call falls back to XLA's dot. See jax_cluster.info().",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
     return True
+
+
+def _refusal(exc: Exception) -> str:
+    said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    why = f"XLA refused the extension's FFI handlers ({said})"
+    if "API version" in said:  # built against another jaxlib's XLA FFI headers
+        why += (
+            f"; the extension was built against another jax's XLA FFI than the installed jax "
+            f"{jax.__version__}: rebuild it against this one (pip install --no-build-isolation .)"
+        )
+    return why
 
 
 @functools.cache
