@@ -41,9 +41,13 @@ nvidia-smi >"$LOGS/nvidia-smi.txt" 2>&1
 if [ -n "${PREBUILT:-}" ]; then
   step "prebuilt extension from $PREBUILT"
   cp "$PREBUILT"/_ext*.so jax_cluster/ || exit 1
-  # one built elsewhere (another CUDA, another Python) must load with its kernels, or the build runs
-  if (cd /tmp && PYTHONPATH=$OLDPWD${PYTHONPATH:+:$PYTHONPATH} "$PY" -c \
-      'import sys, jax_cluster; sys.exit(not jax_cluster.info().with_kernels)'); then
+  # one built elsewhere (another CUDA, Python or jax) must load with its kernels and XLA must
+  # take its handlers (a first kernel call registers them), or the build runs
+  if (cd /tmp && JAX_CLUSTER_ROUTE=kernel PYTHONPATH=$OLDPWD${PYTHONPATH:+:$PYTHONPATH} "$PY" -c \
+      'import sys, jax, jax.numpy as jnp, jax_cluster
+a = jnp.ones((256, 256), jnp.bfloat16)
+jax.block_until_ready(jax.jit(jax_cluster.matmul)(a, a))
+sys.exit(not jax_cluster.info().with_kernels)'); then
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
   else
     echo "the prebuilt extension has no kernels here: building"; rm -f jax_cluster/_ext*.so; PREBUILT=
