@@ -24,12 +24,12 @@ def extension():
 
 
 # Why XLA refused the handlers, once it has (then no call takes a kernel).
-_refusals: list[str] = []
+_refused = ""
 
 
 def with_kernels() -> bool:
     """Whether the extension has kernels XLA takes: built with CUDA, its handlers not refused."""
-    return _ext is not None and bool(_ext.with_cuda) and not _refusals
+    return _ext is not None and bool(_ext.with_cuda) and not _refused
 
 
 def _missing_extension() -> str:
@@ -48,7 +48,7 @@ def why_no_kernels() -> str:
         return _missing_extension()
     if not _ext.with_cuda:
         return "the package was built without a CUDA compiler"
-    return _refusals[0] if _refusals else ""
+    return _refused
 
 
 @functools.cache
@@ -98,6 +98,7 @@ _PROBE_TARGET = "jax_cluster_ffi_api_probe"
 def register_targets() -> bool:
     """Registers the CUDA handlers once; False when there are none to register
     or XLA refuses them (then every call takes XLA's path, with a warning)."""
+    global _refused
     if not with_kernels():
         return False
     try:
@@ -107,17 +108,13 @@ def register_targets() -> bool:
             if name not in recorded:
                 jax.ffi.register_ffi_target(name, stages, platform="CUDA", api_version=1)
     except jax.errors.JaxRuntimeError as exc:
-        _refusals.append(_refusal(exc))
-        warnings.warn(
-            f"jax_cluster: {_refusals[0]}; every call falls back to XLA's dot. See jax_cluster.info().",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        _refused = _refusal_text(exc)
+        warn_if_no_kernels()
         return False
     return True
 
 
-def _refusal(exc: Exception) -> str:
+def _refusal_text(exc: Exception) -> str:
     said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     why = f"XLA refused the extension's FFI handlers ({said})"
     if "API version" in said:  # built against another jaxlib's XLA FFI headers
