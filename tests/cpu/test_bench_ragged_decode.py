@@ -53,6 +53,12 @@ def test_a_run_without_the_planned_side_still_writes_its_plot(bench, tmp_path):
         assert (tmp_path / "ragged_decode.png").stat().st_size > 0
 
 
+def test_the_plot_falls_back_to_the_fastest_pinned_row(bench):
+    assert bench.jax_cluster_ms({"jc_ms": 0.3, "jc_decode2_ms": 0.1}) == 0.3
+    assert bench.jax_cluster_ms({"jc_decode2_ms": 0.2, "jc_decode4_ms": 0.1, "jc_bf16_ms": 0.05}) == 0.1
+    assert bench.jax_cluster_ms({"jc_narrow_ms": None, "xla_ms": 0.1}) is None
+
+
 def test_resume_keeps_the_other_cases_and_layers_filters(bench, tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     bench.main(["--smoke", "--rows", "8", "--iterations", "1", "--out", str(first)])
