@@ -80,17 +80,25 @@ def measure(n, length, rounds, schedule=None):
         if not math.isfinite(err):
             raise RuntimeError(f"{n}^3: the {side} chain produced non-finite values")
     walls = {side: [] for side in sides}
+    enqueues = {side: [] for side in sides}
     for fn in fns.values():  # an untimed round: XLA builds its command buffers over the first runs
         timing.span_ms(fn, [(a, b)], calls=50)
     for r in range(rounds):  # interleaved
         for side in list(sides) if r % 2 == 0 else list(sides)[::-1]:
-            walls[side].append(timing.span_ms(fns[side], [(a, b)], calls=50) * 1e3 / length)
+            enqueue, span = timing.back_to_back_ms(fns[side], [(a, b)], calls=50)
+            walls[side].append(span * 1e3 / length)
+            enqueues[side].append(enqueue * 1e3 / length)
     for side, fn in fns.items():
         try:
             device = timing.cupti_ms(lambda x, y, fn=fn: fn(x, y), [(a, b)], 10) * 1e3 / length
         except Exception:  # no CUPTI: the wall time stands alone
             device = None
-        row[side] = {"wall_us": statistics.median(walls[side]), "rounds_us": walls[side], "device_us": device}
+        row[side] = {
+            "wall_us": statistics.median(walls[side]),
+            "rounds_us": walls[side],
+            "enqueue_us": statistics.median(enqueues[side]),
+            "device_us": device,
+        }
     return row
 
 
@@ -136,6 +144,9 @@ def main():
             "wall_us: median over interleaved rounds of 50 back-to-back calls of a "
             "jit holding a chain of GEMMs, synced once, per GEMM",
             "device_us: CUPTI kernel time per GEMM",
+            "enqueue_us: the host's time per GEMM to dispatch the 50 calls, up to the sync; "
+            "where the chain is device-bound (wall_us near device_us) this is the host cost, "
+            "unless the launch queue filled and the host waited on the device",
             "jax_cluster: the kernel's call (route='kernel'); jax_cluster_default: jax_cluster.matmul "
             "as a user calls it, on the path the routing picks (jax_cluster_default_runs)",
         ],
@@ -148,9 +159,10 @@ def main():
         default = row["jax_cluster_default"]
         print(
             f"{n}^3 bf16 ({row['jax_cluster_runs']}): jax_cluster wall {ours['wall_us']:.2f} us "
-            f"(device {ours['device_us']}) | default call ({row['jax_cluster_default_runs']}) wall "
-            f"{default['wall_us']:.2f} us | XLA wall {xla['wall_us']:.2f} us "
-            f"(device {xla['device_us']}); chain's rel err vs XLA {row['rel_err_vs_xla']:.1e}",
+            f"(device {ours['device_us']}, enqueue {ours['enqueue_us']:.2f}) | default call "
+            f"({row['jax_cluster_default_runs']}) wall {default['wall_us']:.2f} us | XLA wall "
+            f"{xla['wall_us']:.2f} us (device {xla['device_us']}, enqueue {xla['enqueue_us']:.2f}); "
+            f"chain's rel err vs XLA {row['rel_err_vs_xla']:.1e}",
             flush=True,
         )
     if args.out:
