@@ -116,7 +116,8 @@ def test_forward_on_the_kernel(name, m, k, n, sizes, layout):
 DECODE_ROWS = [v.name for v in tables.load_menu() if v.kind == "decode" and v.dtype == "bf16"]
 # (name, M, K, N, sizes): decode's few rows per group, and everything its work
 # items must get right: groups longer than one item's rows, N off the 256-wide
-# tile, K that the cluster's CTAs split unevenly, the size rules, many groups
+# tile, K that the cluster's CTAs split unevenly or too short to give every CTA a
+# step of rows, the size rules, many groups
 DECODE_CASES = [
     ("one row per group", 8, 2048, 768, [1] * 8 + [0] * 120),
     ("two rows per group", 64, 1024, 512, [2] * 32),
@@ -126,6 +127,7 @@ DECODE_CASES = [
     ("negative sizes", 64, 256, 256, [-5, 20, -1, 30]),
     ("sizes near int32 max", 16, 128, 128, [2**31 - 1, 5, 2**31 - 1]),
     ("K split unevenly", 40, 136, 264, [10, 0, 30]),
+    ("K too short for every CTA", 5, 24, 256, [3, 2]),
     ("one row", 1, 64, 64, [1]),
     ("every group empty", 16, 128, 128, [0, 0, 0]),
     ("1024 groups", 512, 256, 256, _skewed(512, 1024, empty_every=3, seed=7)),

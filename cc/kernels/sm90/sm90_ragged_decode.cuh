@@ -7,9 +7,14 @@
 //   of the rows past the groups.
 // - A work item is up to TileM rows of one group times TileN columns. A
 //   cluster of S CTAs (the plan's `splits`) takes items round-robin
-//   (static: items cost the same), its CTAs splitting K; inside a CTA each
-//   of the TileK warps takes every TileK-th row of B, each lane 8 columns in
-//   one 16-byte load, Stages loads in flight per lane.
+//   (static: items cost the same), its CTAs splitting K into whole steps of
+//   Stages rows; each lane of a CTA's TileK warps reads 8 columns of a row
+//   of B in one 16-byte load, Stages loads in flight per lane.
+// - An item of up to kRegisterRows rows reads A in registers: each warp
+//   takes Stages consecutive rows of B per step and each row's Stages values
+//   of A in one load beside them, with no block barrier. A larger item
+//   stages its A values in shared memory a chunk at a time, each warp then
+//   taking every TileK-th row of B.
 // - The warps' partial sums meet in shared memory, the CTAs' through
 //   distributed shared memory: each CTA sums a slice of the tile over the
 //   cluster and writes it. Two buffers alternate, so one cluster barrier per
@@ -147,13 +152,37 @@ __device__ void zero_uncovered(const Args& p, int covered) {
     out[i] = make_uint4(0, 0, 0, 0);
 }
 
-// This CTA's partial of one item, Rows rows (TileM at most; the rows past
-// `count` are zero in x) by TileN columns over its K slice [k0, k1), summed
-// into `partial` (laid out [row][column % 8][lane], conflict-free) through
-// `stage` (one such tile per warp).
+// Each warp's sums of one item (Rows rows of its 8 columns per lane) are
+// added up over the warps into `partial` (laid out [row][column % 8][lane],
+// conflict-free) through `stage` (one TileM x TileN tile per warp): each
+// thread adds a few of the tile's sums (shared-memory float atomics are
+// compare-and-swap loops on sm90).
+template <int TileM, int TileN, int Warps, int Rows>
+__device__ void sum_over_warps(const float (&acc)[Rows][kColumnsPerLane], float* stage,
+                               float* partial) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float* mine = stage + warp * TileM * TileN;
+#pragma unroll
+  for (int r = 0; r < Rows; ++r)
+#pragma unroll
+    for (int j = 0; j < kColumnsPerLane; ++j)
+      mine[(r * kColumnsPerLane + j) * 32 + lane] = acc[r][j];
+  __syncthreads();
+  for (int e = threadIdx.x; e < Rows * TileN; e += blockDim.x) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < Warps; ++w) sum += stage[w * TileM * TileN + e];
+    partial[e] = sum;
+  }
+}
+
+// This CTA's partial of an item of Rows rows (TileM at most; the rows past
+// `count` are zero in x) by TileN columns over its K slice [k0, k1), A's
+// values staged in shared memory a chunk at a time: each warp takes every
+// Warps-th row of B.
 template <class T, int TileM, int TileN, int Warps, int Stages, int Rows>
-__device__ void stream_item(const Args& p, int group, int row0, int count, int tile, int k0, int k1,
-                            float (*x)[TileM], float* stage, float* partial) {
+__device__ void stage_and_stream(const Args& p, int group, int row0, int count, int tile, int k0,
+                                 int k1, float (*x)[TileM], float* stage, float* partial) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int col = tile * TileN + lane * kColumnsPerLane;
   const bool live = col < p.n;
@@ -192,22 +221,64 @@ __device__ void stream_item(const Args& p, int group, int row0, int count, int t
       }
     }
   }
-  // each warp's sums go to its own slice of `stage`; then each thread adds
-  // up a few of the tile's sums over the warps (shared-memory float atomics
-  // are compare-and-swap loops on sm90)
-  float* mine = stage + warp * TileM * TileN;
+  sum_over_warps<TileM, TileN, Warps, Rows>(acc, stage, partial);
+}
+
+// The same partial for an item of at most kRegisterRows rows, A read into
+// registers: each warp takes Stages consecutive rows of B per step and,
+// beside their Stages loads, each of the item's rows' Stages values of A in
+// one 16-byte load (every lane the same address: one transaction). No block
+// barrier until the warps' sums meet. [k0, k1) is a whole number of steps.
+template <class T, int TileM, int TileN, int Warps, int Stages, int Rows>
+__device__ void stream_in_registers(const Args& p, int group, int row0, int count, int tile, int k0,
+                                    int k1, float* stage, float* partial) {
+  static_assert(Stages * sizeof(T) == 16, "a step's values of one row of A fill one 16-byte load");
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int col = tile * TileN + lane * kColumnsPerLane;
+  const bool live = col < p.n;
+  const T* a = static_cast<const T*>(p.a) + int64_t(row0) * p.k;
+  const uint4* b =
+      reinterpret_cast<const uint4*>(static_cast<const T*>(p.b) + int64_t(group) * p.k * p.n + col);
+  const int64_t b_row = p.n / kColumnsPerLane;  // uint4s per row of B
+  float acc[Rows][kColumnsPerLane] = {};
+  for (int kk = k0 + warp * Stages; kk < k1; kk += Warps * Stages) {
+    uint4 w[Stages], av[Rows];
 #pragma unroll
-  for (int r = 0; r < Rows; ++r)
+    for (int s = 0; s < Stages; ++s)
+      w[s] = live ? __ldg(b + int64_t(kk + s) * b_row) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int j = 0; j < kColumnsPerLane; ++j)
-      mine[(r * kColumnsPerLane + j) * 32 + lane] = acc[r][j];
-  __syncthreads();
-  for (int e = threadIdx.x; e < Rows * TileN; e += blockDim.x) {
-    float sum = 0.0f;
+    for (int r = 0; r < Rows; ++r)
+      av[r] = r < count ? __ldg(reinterpret_cast<const uint4*>(a + int64_t(r) * p.k + kk))
+                        : make_uint4(0, 0, 0, 0);
+    float af[Rows][Stages];
 #pragma unroll
-    for (int w = 0; w < Warps; ++w) sum += stage[w * TileM * TileN + e];
-    partial[e] = sum;
+    for (int r = 0; r < Rows; ++r) widen(av[r], af[r], T{});
+#pragma unroll
+    for (int s = 0; s < Stages; ++s) {
+      float wf[kColumnsPerLane];
+      widen(w[s], wf, T{});
+#pragma unroll
+      for (int r = 0; r < Rows; ++r)
+#pragma unroll
+        for (int j = 0; j < kColumnsPerLane; ++j) acc[r][j] = fmaf(af[r][s], wf[j], acc[r][j]);
+    }
   }
+  sum_over_warps<TileM, TileN, Warps, Rows>(acc, stage, partial);
+}
+
+// Items of up to this many rows read A in registers (stream_in_registers);
+// larger ones stage it, where one load of A serves more rows of B.
+constexpr int kRegisterRows = 4;
+
+template <class T, int TileM, int TileN, int Warps, int Stages, int Rows>
+__device__ void stream_item(const Args& p, int group, int row0, int count, int tile, int k0, int k1,
+                            float (*x)[TileM], float* stage, float* partial) {
+  if constexpr (Rows <= kRegisterRows && Stages * sizeof(T) == 16)
+    stream_in_registers<T, TileM, TileN, Warps, Stages, Rows>(p, group, row0, count, tile, k0, k1,
+                                                              stage, partial);
+  else
+    stage_and_stream<T, TileM, TileN, Warps, Stages, Rows>(p, group, row0, count, tile, k0, k1, x,
+                                                           stage, partial);
 }
 
 template <class T, class D, int TileM, int TileN, int Warps, int Stages, int Splits>
@@ -276,7 +347,18 @@ __global__ void __launch_bounds__(Warps * 32, 2) ragged_decode_kernel(Args p) {
             reinterpret_cast<const uint4*>(out)[v];
     }
   }
-  cluster.sync();  // no CTA leaves while another may still read its partials
+  // no CTA leaves while another may still read its partials; relaxed, as the
+  // output's stores need no ordering here (a plain cluster.sync() makes every
+  // thread wait for them at a GPU-wide fence first)
+  __cluster_barrier_arrive_relaxed();
+  __cluster_barrier_wait();
+}
+
+// Each CTA's share of K, a whole number of steps of `stages` rows (the
+// register path reads A a step at a time); the last CTAs may get less or none.
+inline int k_per_cta(int k, int splits, int stages) {
+  const int share = (k + splits - 1) / splits;
+  return (share + stages - 1) / stages * stages;
 }
 
 // The clusters of `splits` CTAs of `kernel` (`threads` each, `smem` dynamic
@@ -393,7 +475,7 @@ struct RaggedDecode {
                       p.n,
                       p.k,
                       (p.n + TileN - 1) / TileN,
-                      (p.k + ClusterM - 1) / ClusterM};
+                      decode::k_per_cta(p.k, ClusterM, Stages)};
     return decode::launch_items(kernel, p, TileM, args.tiles_n, ClusterM, kThreads, kDynamicSmem,
                                 s.max_active_clusters, stream, args);
   }
