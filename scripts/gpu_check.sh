@@ -4,7 +4,7 @@
 # $RESULTS/logs.tgz after every step and every 30 s, so a run cut off by a
 # time limit still leaves what finished; $RESULTS also gets prebuilt/_ext*.so.
 # Steps: smoke tests checks selftest sweep sanitize sharding lgemms bench grid planner sched walk
-# pdl launchcost layers ragged conformance gated moe decode decodeforms decodefp8 fp8decoderows dense groupedroute gclusters hostcost fp8 fp8grouped fp8wgrad fp8weights train fp8train traindp fallback pytest (pytest: the tests named by $PYTEST_ARGS;
+# pdl launchcost layers ragged conformance gated moe decode decodefp8 fp8decoderows dense groupedroute gclusters hostcost fp8 fp8grouped fp8wgrad fp8weights train fp8train traindp fallback pytest (pytest: the tests named by $PYTEST_ARGS;
 # FP8_TESTS=0: the fp8 and fp8weights steps without their GPU tests, FP8_ARGS its arguments).
 # Offline machines: put the nvidia-cutlass (and absl-py) wheels in .whl/ first; the
 # ragged and moe steps also want tokamax's (tokamax==0.0.17 einshape qwix immutabledict
@@ -147,16 +147,6 @@ for part in ${STEPS:-tests bench grid}; do
            PYTHONPATH=$PWD/tests/stubs:${PYTHONPATH:-} "$PY" benchmarks/bench_ragged.py --out "$LOGS" ${RAGGED_ARGS:-} 2>&1 | tee "$LOGS/ragged.log" ;;
     decode) step "ragged_dot at decode sizes against its roofline, tokamax and XLA"
            PYTHONPATH=$PWD/tests/stubs:${PYTHONPATH:-} "$PY" benchmarks/bench_ragged_decode.py --out "$LOGS" ${DECODE_ARGS:-} 2>&1 | tee "$LOGS/decode.log" ;;
-    decodeforms) step "decode rows, the default against the register form of A (JAX_CLUSTER_DECODE_A=registers): GPU tests of both, sanitizer on the register form, then alternating timings"
-           { "$PYTEST" -q -rfEs -p no:cacheprovider -k decode_rows tests/gpu/test_gpu_ragged.py
-             JAX_CLUSTER_DECODE_A=registers JAX_CLUSTER_SANITIZE_VARIANTS=ragged_decode_ragged_m_bf16 \
-               JAX_CLUSTER_SANITIZE_LOGS="$LOGS" "$PYTEST" -q -rs -p no:cacheprovider -k decode tests/gpu/test_gpu_sanitizer.py
-             for form in staged registers staged registers; do
-               echo "-- $form"
-               JAX_CLUSTER_DECODE_A=$([ $form = registers ] && echo registers) PYTHONPATH=$PWD/tests/stubs:${PYTHONPATH:-} \
-                 "$PY" benchmarks/bench_ragged_decode.py --contenders '^jc_decode' --out "$LOGS/decode_$form" \
-                 ${DECODE_FORMS_ARGS:---layers 'olmoe|qwen3|deepseek|mixtral' --rows 1,8,16,64,256}
-             done; } 2>&1 | tee "$LOGS/decode_forms.log" | grep -v "^\.\.\." | tail -60 ;;
     decodefp8) step "ragged_dot at decode sizes on block-scaled fp8 operands: roofline, its bf16 path, tokamax and XLA"
            PYTHONPATH=$PWD/tests/stubs:${PYTHONPATH:-} "$PY" benchmarks/bench_ragged_decode.py --fp8 --out "$LOGS" ${DECODE_ARGS:-} 2>&1 | tee "$LOGS/decode_fp8.log" ;;
     fp8decoderows) step "block-scaled decode rows: self-test, GPU tests, sanitizer over them, then decode sizes on fp8 operands"

@@ -5,11 +5,6 @@ kernel skips fails the finiteness check; inputs are fresh random draws; every
 case asserts that the planner chose the kernel, so a silent fallback fails.
 """
 
-import os
-import pathlib
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -158,35 +153,6 @@ def test_decode_rows(name, m, k, n, sizes, variant):
     covered = group_bounds(sizes, m)[-1][1]
     assert np.all(np.asarray(out[covered:], np.float32) == 0), "rows past the groups must be 0"
     assert np.array_equal(_bits(out), _bits(f(lhs, rhs, gs))), "not deterministic"
-
-
-@pytest.mark.skipif(os.environ.get("JAX_CLUSTER_DECODE_A") == "registers", reason="this process runs that form")
-def test_decode_rows_with_a_in_registers():
-    """The decode rows' opt-in register form (read once per process, so the
-    cases run again in a child process that asks for it)."""
-    if not DECODE_ROWS or DECODE_ROWS[0] not in _ffi.compiled_variant_names():
-        pytest.skip("no decode row in this build")
-    here = pathlib.Path(__file__)
-    env = dict(os.environ, JAX_CLUSTER_DECODE_A="registers")
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-k",
-            "test_decode_rows and not refuse",
-            here.name,
-        ],
-        cwd=here.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
 
 
 def test_decode_rows_refuse_more_groups_than_their_table():

@@ -10,11 +10,11 @@
 //   (static: items cost the same), its CTAs splitting K; each lane of a
 //   CTA's TileK warps reads 8 columns of a row of B in one 16-byte load,
 //   Stages loads in flight per lane.
-// - An item stages its A values in shared memory a chunk at a time, each
-//   warp then taking every TileK-th row of B. Opt-in (a_in_registers_asked),
-//   an item of up to kRegisterRows rows reads A in registers instead: each
-//   warp takes Stages consecutive rows of B per step and each row's Stages
-//   values of A in one load beside them, with no block barrier.
+// - An item of up to kRegisterRows rows reads A in registers: each warp
+//   takes Stages consecutive rows of B per step and each row's Stages values
+//   of A in one load beside them, with no block barrier. A larger item stages
+//   its A values in shared memory a chunk at a time, each warp then taking
+//   every TileK-th row of B.
 // - The warps' partial sums meet in shared memory, the CTAs' through
 //   distributed shared memory: each CTA sums a slice of the tile over the
 //   cluster and writes it. Two buffers alternate, so one cluster barrier per
@@ -31,8 +31,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <set>
 #include <type_traits>
@@ -59,8 +57,12 @@ struct Args {
   void* d;
   const int32_t* group_sizes;
   int groups, rows, n, k, tiles_n, k_per_cta;
-  int a_in_registers;  // the opt-in form below (a_in_registers_asked); k_per_cta whole steps
 };
+
+// Whether items of up to kRegisterRows rows read A in registers: where a
+// step's values of one row of A fill one 16-byte load.
+template <class T, int Stages>
+constexpr bool kAInRegisters = Stages * sizeof(T) == 16;
 
 __device__ inline void widen(uint4 v, float (&out)[8], cutlass::bfloat16_t) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -269,23 +271,19 @@ __device__ void stream_in_registers(const Args& p, int group, int row0, int coun
   sum_over_warps<TileM, TileN, Warps, Rows>(acc, stage, partial);
 }
 
-// With the register form, items of up to this many rows read A in registers
-// (stream_in_registers); larger ones stage it, where one load of A serves
-// more rows of B.
+// Items of up to this many rows read A in registers (stream_in_registers);
+// larger ones stage it, where one load of A serves more rows of B.
 constexpr int kRegisterRows = 4;
 
 template <class T, int TileM, int TileN, int Warps, int Stages, int Rows>
 __device__ void stream_item(const Args& p, int group, int row0, int count, int tile, int k0, int k1,
                             float (*x)[TileM], float* stage, float* partial) {
-  if constexpr (Rows <= kRegisterRows && Stages * sizeof(T) == 16) {
-    if (p.a_in_registers) {
-      stream_in_registers<T, TileM, TileN, Warps, Stages, Rows>(p, group, row0, count, tile, k0, k1,
-                                                                stage, partial);
-      return;
-    }
-  }
-  stage_and_stream<T, TileM, TileN, Warps, Stages, Rows>(p, group, row0, count, tile, k0, k1, x,
-                                                         stage, partial);
+  if constexpr (Rows <= kRegisterRows && kAInRegisters<T, Stages>)
+    stream_in_registers<T, TileM, TileN, Warps, Stages, Rows>(p, group, row0, count, tile, k0, k1,
+                                                              stage, partial);
+  else
+    stage_and_stream<T, TileM, TileN, Warps, Stages, Rows>(p, group, row0, count, tile, k0, k1, x,
+                                                           stage, partial);
 }
 
 template <class T, class D, int TileM, int TileN, int Warps, int Stages, int Splits>
@@ -354,34 +352,19 @@ __global__ void __launch_bounds__(Warps * 32, 2) ragged_decode_kernel(Args p) {
             reinterpret_cast<const uint4*>(out)[v];
     }
   }
-  // no CTA leaves while another may still read its partials; the register
-  // form arrives relaxed, as the output's stores need no ordering here (a
-  // plain cluster.sync() makes every thread wait for them at a GPU-wide fence)
-  if (p.a_in_registers) {
-    __cluster_barrier_arrive_relaxed();
-    __cluster_barrier_wait();
-  } else {
-    cluster.sync();
-  }
+  // no CTA leaves while another may still read its partials; arriving
+  // relaxed, as the output's stores need no ordering here (a plain
+  // cluster.sync() makes every thread wait for them at a GPU-wide fence)
+  __cluster_barrier_arrive_relaxed();
+  __cluster_barrier_wait();
 }
 
-// Each CTA's share of K; for the register form a whole number of steps of
-// `stages` rows (it reads A a step at a time), so the last CTAs may get less
-// or none.
+// Each CTA's share of K; where items read A in registers, a whole number of
+// steps of `stages` rows (they read A a step at a time), so the last CTAs may
+// get less or none.
 inline int k_per_cta(int k, int splits, int stages, bool whole_steps) {
   const int share = (k + splits - 1) / splits;
   return whole_steps ? (share + stages - 1) / stages * stages : share;
-}
-
-// JAX_CLUSTER_DECODE_A=registers asks for the register form of the bf16/f16
-// decode rows (read once per process): items of up to kRegisterRows rows read
-// A beside B with no block barrier in their stream.
-inline bool a_in_registers_asked() {
-  static const bool asked = [] {
-    const char* v = std::getenv("JAX_CLUSTER_DECODE_A");
-    return v != nullptr && std::strcmp(v, "registers") == 0;
-  }();
-  return asked;
 }
 
 // The clusters of `splits` CTAs of `kernel` (`threads` each, `smem` dynamic
@@ -489,19 +472,17 @@ struct RaggedDecode {
       cudaGetLastError();
       return "the decode kernel cannot have its shared memory";
     }
-    // the register form exists where a step's values of a row of A fill one 16-byte load
-    const bool registers = Stages * sizeof(ElementAB) == 16 && decode::a_in_registers_asked();
-    decode::Args args{p.a,
-                      p.b,
-                      p.d,
-                      p.group_sizes,
-                      p.batch,
-                      p.m,
-                      p.n,
-                      p.k,
-                      (p.n + TileN - 1) / TileN,
-                      decode::k_per_cta(p.k, ClusterM, Stages, registers),
-                      registers ? 1 : 0};
+    decode::Args args{
+        p.a,
+        p.b,
+        p.d,
+        p.group_sizes,
+        p.batch,
+        p.m,
+        p.n,
+        p.k,
+        (p.n + TileN - 1) / TileN,
+        decode::k_per_cta(p.k, ClusterM, Stages, decode::kAInRegisters<ElementAB, Stages>)};
     return decode::launch_items(kernel, p, TileM, args.tiles_n, ClusterM, kThreads, kDynamicSmem,
                                 s.max_active_clusters, stream, args);
   }

@@ -249,7 +249,7 @@ struct RaggedDecode<cutlass::float_e4m3_t, ElementD, cutlass::layout::RowMajor,
     const int k_blocks = p.k / decode_blockwise::kBlock;
     decode_blockwise::Args args{
         {p.a, p.b, p.d, p.group_sizes, p.batch, p.m, p.n, p.k, (p.n + TileN - 1) / TileN,
-         (k_blocks + ClusterM - 1) / ClusterM * decode_blockwise::kBlock, 0},
+         (k_blocks + ClusterM - 1) / ClusterM * decode_blockwise::kBlock},
         p.scale_a,
         p.scale_b,
         k_blocks,
