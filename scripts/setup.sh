@@ -13,7 +13,7 @@ fi
 PY="$VENV/bin/python"
 "$PY" -m pip install -q --upgrade pip
 "$PY" -m pip install -q "jax>=0.11" numpy "nanobind>=2.0" "scikit-build-core>=0.10" \
-  "nvidia-cutlass==4.2.0.0" pytest nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm cmake ninja \
+  "nvidia-cutlass==4.2.0.0" pytest pytest-xdist nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm cmake ninja \
   flax optax `# jax_cluster.nn, its tests and examples/train_block.py` \
   ruff==0.17.6 mypy==2.4.1 clang-format==23.1.5  # scripts/lint.sh (pinned: formatters differ by version)
 # tokamax's ragged_dot test base for tests/cpu/test_tokamax_conformance.py, without

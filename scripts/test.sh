@@ -6,4 +6,8 @@ cd "$(dirname "$0")/.."
 [ "${SETUP_DONE:-0}" = 1 ] || bash scripts/setup.sh
 # the pytest entry point, not `python -m pytest`: the source tree must not
 # shadow the installed package (it has no compiled extension).
-exec .venv/bin/pytest -q -rs "$@"
+# Without a GPU the tests are compile-bound: one worker per core (pytest-xdist).
+# With one, they share the device and run in one process.
+workers=()
+nvidia-smi -L >/dev/null 2>&1 || workers=(-n auto)
+exec .venv/bin/pytest -q -rs "${workers[@]}" "$@"
