@@ -102,6 +102,8 @@ def header(t) -> str:
         f"inline constexpr int kDecodeMaxGroups = {t.DECODE_MAX_GROUPS};\n"
         "// The warps of a block-scaled decode CTA, each owning tile_n / this many columns.\n"
         f"inline constexpr int kDecodeBlockwiseWarps = {t.DECODE_BLOCKWISE_WARPS};\n"
+        "// A bf16/f16 decode item of up to this many rows reads A in registers.\n"
+        f"inline constexpr int kDecodeRegisterRows = {t.DECODE_REGISTER_ROWS};\n"
         "// The gated epilogue's B: gate and up columns alternate in blocks of this many.\n"
         f"inline constexpr int kGateBlock = {t.GATE_BLOCK};\n",
         "// Enumerator values are positions in the table; k*Names[value] is its name.\n"

@@ -67,6 +67,8 @@ FFI_TARGETS: dict[str, str] = dict(_CONTRACT["ffi_targets"])
 DECODE_MAX_GROUPS: int = _CONTRACT["decode_max_groups"]
 # The warps of a block-scaled decode CTA: each owns tile_n / DECODE_BLOCKWISE_WARPS columns.
 DECODE_BLOCKWISE_WARPS: int = _CONTRACT["decode_blockwise_warps"]
+# A bf16/f16 decode item of up to this many rows reads A in registers; larger ones stage it.
+DECODE_REGISTER_ROWS: int = _CONTRACT["decode_register_rows"]
 # The gated epilogue's B: gate and up columns alternate in blocks of GATE_BLOCK.
 GATE_BLOCK: int = _CONTRACT["gate_block"]
 # The problem each fused epilogue serves.

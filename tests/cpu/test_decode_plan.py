@@ -53,6 +53,9 @@ def test_a_decode_plan_explains_its_cluster_split_and_reduction():
     assert "cluster barrier" in text and "no multicast" in text
     assert "work items" in text and "tile-times" not in text
     assert "the HBM floor over the modelled time" in text
+    # bf16 rows: a step's 8 values of a row of A fill one 16-byte load, so few-row items read it in registers
+    assert f"an item of up to {tables.DECODE_REGISTER_ROWS} rows is read in registers" in text
+    assert f"rounded up to a multiple of {v.stages}" in text
 
 
 @needs_decode_rows

@@ -10,7 +10,7 @@
 //   (static: items cost the same), its CTAs splitting K; each lane of a
 //   CTA's TileK warps reads 8 columns of a row of B in one 16-byte load,
 //   Stages loads in flight per lane.
-// - An item of up to kRegisterRows rows reads A in registers: each warp
+// - An item of up to kDecodeRegisterRows rows reads A in registers: each warp
 //   takes Stages consecutive rows of B per step and each row's Stages values
 //   of A in one load beside them, with no block barrier. A larger item stages
 //   its A values in shared memory a chunk at a time, each warp then taking
@@ -59,7 +59,7 @@ struct Args {
   int groups, rows, n, k, tiles_n, k_per_cta;
 };
 
-// Whether items of up to kRegisterRows rows read A in registers: where a
+// Whether items of up to kDecodeRegisterRows rows read A in registers: where a
 // step's values of one row of A fill one 16-byte load.
 template <class T, int Stages>
 constexpr bool kAInRegisters = Stages * sizeof(T) == 16;
@@ -229,7 +229,7 @@ __device__ void stage_and_stream(const Args& p, int group, int row0, int count, 
   sum_over_warps<TileM, TileN, Warps, Rows>(acc, stage, partial);
 }
 
-// The same partial for an item of at most kRegisterRows rows, A read into
+// The same partial for an item of at most kDecodeRegisterRows rows, A read into
 // registers: each warp takes Stages consecutive rows of B per step and,
 // beside their Stages loads, each of the item's rows' Stages values of A in
 // one 16-byte load (every lane the same address: one transaction). No block
@@ -271,14 +271,11 @@ __device__ void stream_in_registers(const Args& p, int group, int row0, int coun
   sum_over_warps<TileM, TileN, Warps, Rows>(acc, stage, partial);
 }
 
-// Items of up to this many rows read A in registers (stream_in_registers);
-// larger ones stage it, where one load of A serves more rows of B.
-constexpr int kRegisterRows = 4;
-
 template <class T, int TileM, int TileN, int Warps, int Stages, int Rows>
 __device__ void stream_item(const Args& p, int group, int row0, int count, int tile, int k0, int k1,
                             float (*x)[TileM], float* stage, float* partial) {
-  if constexpr (Rows <= kRegisterRows && kAInRegisters<T, Stages>)
+  // larger items stage A, where one load of it serves more rows of B
+  if constexpr (Rows <= kDecodeRegisterRows && kAInRegisters<T, Stages>)
     stream_in_registers<T, TileM, TileN, Warps, Stages, Rows>(p, group, row0, count, tile, k0, k1,
                                                               stage, partial);
   else
