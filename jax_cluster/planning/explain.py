@@ -127,14 +127,6 @@ def _roofline(p) -> str:
     )
 
 
-# How a bf16/f16 decode row's CTAs meet (s: the cluster's CTAs).
-_DECODE_DSMEM = (
-    "DSMEM: each CTA adds up its warps' sums in its own shared memory; after a cluster barrier, "
-    "CTA r sums every {s}th slot of the item's tile over the {s} CTAs' shared memory and writes it; "
-    "two buffers alternate by item, so one cluster barrier per item orders the reads before the next writes"
-)
-
-
 def _decode_contract(p) -> list[str]:
     s = p.cluster_m
     if p.dtype in tables.BLOCK_SCALED_DTYPES:
@@ -151,7 +143,7 @@ def _decode_contract(p) -> list[str]:
             "shared memory and writes it; two buffers alternate by item, so one cluster barrier per item "
             "orders the reads before the next writes",
         ]
-    elif p.stages * tables.DTYPE_BYTES[p.dtype] == 16:  # a step's values of a row of A fill one 16-byte load
+    else:  # a step's values of a row of A fill one 16-byte load (the kernel asserts it)
         slice_and_operands = [
             f"CTA r of {s}: rows [r*S, (r+1)*S) of K = {p.k}, S = ceil(K/{s}) rounded up to a multiple of "
             f"{p.stages}, of every item it takes, all {p.tile_n} columns; each lane reads 8 columns of a row "
@@ -161,15 +153,10 @@ def _decode_contract(p) -> list[str]:
             f"of A in one 16-byte load beside B's, with no block barrier; a larger item (at most {p.tile_m} "
             f"rows) is staged in shared memory as float32, 256 rows of K at a time, its warps taking every "
             f"{p.tile_k}th row of B",
-            _DECODE_DSMEM.format(s=s),
-        ]
-    else:
-        slice_and_operands = [
-            f"CTA r of {s}: rows [r*ceil(K/{s}), (r+1)*ceil(K/{s})) of K = {p.k} of every item it takes, "
-            f"all {p.tile_n} columns; its {p.tile_k} warps take every {p.tile_k}th row of B in that slice, "
-            f"each lane 8 columns in one 16-byte load, {p.stages} loads in flight per lane",
-            f"A: the item's rows (at most {p.tile_m}) staged in shared memory as float32, 256 rows of K at a time",
-            _DECODE_DSMEM.format(s=s),
+            "DSMEM: each CTA adds up its warps' sums in its own shared memory; after a cluster barrier, "
+            f"CTA r sums every {s}th slot of the item's tile over the {s} CTAs' shared memory and writes it; "
+            "two buffers alternate by item, so one cluster barrier per item orders the reads before the next "
+            "writes",
         ]
     return [
         *slice_and_operands,

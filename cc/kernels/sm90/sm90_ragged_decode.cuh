@@ -59,11 +59,6 @@ struct Args {
   int groups, rows, n, k, tiles_n, k_per_cta;
 };
 
-// Whether items of up to kDecodeRegisterRows rows read A in registers: where a
-// step's values of one row of A fill one 16-byte load.
-template <class T, int Stages>
-constexpr bool kAInRegisters = Stages * sizeof(T) == 16;
-
 __device__ inline void widen(uint4 v, float (&out)[8], cutlass::bfloat16_t) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -237,6 +232,7 @@ __device__ void stage_and_stream(const Args& p, int group, int row0, int count, 
 template <class T, int TileM, int TileN, int Warps, int Stages, int Rows>
 __device__ void stream_in_registers(const Args& p, int group, int row0, int count, int tile, int k0,
                                     int k1, float* stage, float* partial) {
+  // every decode row's stages fit this (a menu row that does not fails here)
   static_assert(Stages * sizeof(T) == 16, "a step's values of one row of A fill one 16-byte load");
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int col = tile * TileN + lane * kColumnsPerLane;
@@ -275,7 +271,7 @@ template <class T, int TileM, int TileN, int Warps, int Stages, int Rows>
 __device__ void stream_item(const Args& p, int group, int row0, int count, int tile, int k0, int k1,
                             float (*x)[TileM], float* stage, float* partial) {
   // larger items stage A, where one load of it serves more rows of B
-  if constexpr (Rows <= kDecodeRegisterRows && kAInRegisters<T, Stages>)
+  if constexpr (Rows <= kDecodeRegisterRows)
     stream_in_registers<T, TileM, TileN, Warps, Stages, Rows>(p, group, row0, count, tile, k0, k1,
                                                               stage, partial);
   else
@@ -356,12 +352,11 @@ __global__ void __launch_bounds__(Warps * 32, 2) ragged_decode_kernel(Args p) {
   __cluster_barrier_wait();
 }
 
-// Each CTA's share of K; where items read A in registers, a whole number of
-// steps of `stages` rows (they read A a step at a time), so the last CTAs may
-// get less or none.
-inline int k_per_cta(int k, int splits, int stages, bool whole_steps) {
+// Each CTA's share of K: a whole number of steps of `stages` rows, as items
+// read A in registers a step at a time, so the last CTAs may get less or none.
+inline int k_per_cta(int k, int splits, int stages) {
   const int share = (k + splits - 1) / splits;
-  return whole_steps ? (share + stages - 1) / stages * stages : share;
+  return (share + stages - 1) / stages * stages;
 }
 
 // The clusters of `splits` CTAs of `kernel` (`threads` each, `smem` dynamic
@@ -469,17 +464,16 @@ struct RaggedDecode {
       cudaGetLastError();
       return "the decode kernel cannot have its shared memory";
     }
-    decode::Args args{
-        p.a,
-        p.b,
-        p.d,
-        p.group_sizes,
-        p.batch,
-        p.m,
-        p.n,
-        p.k,
-        (p.n + TileN - 1) / TileN,
-        decode::k_per_cta(p.k, ClusterM, Stages, decode::kAInRegisters<ElementAB, Stages>)};
+    decode::Args args{p.a,
+                      p.b,
+                      p.d,
+                      p.group_sizes,
+                      p.batch,
+                      p.m,
+                      p.n,
+                      p.k,
+                      (p.n + TileN - 1) / TileN,
+                      decode::k_per_cta(p.k, ClusterM, Stages)};
     return decode::launch_items(kernel, p, TileM, args.tiles_n, ClusterM, kThreads, kDynamicSmem,
                                 s.max_active_clusters, stream, args);
   }
