@@ -20,7 +20,11 @@ That is cheap for small layers, where the grouped kernel's fixed costs (its
 preparation kernel, counter and a persistent grid) dominate. Per device,
 `routing.json` holds the modelled expansion time (`expansion_seconds`)
 under which XLA's ragged_dot measured faster, fitted by
-`benchmarks/bench_ragged_routing.py --fit` on part of its rows.
+`benchmarks/bench_ragged_routing.py --fit` on part of its rows. Larger
+memory-bound ragged_m calls whose every group is expected to receive rows
+also go to XLA where the expansion's FLOPs hide under its weight reads
+(`streams_like_a_read`): it then reads each weight once at a plain read's
+speed, faster than the kernels.
 """
 
 from __future__ import annotations
@@ -43,6 +47,22 @@ ROUTE_ENV = "JAX_CLUSTER_ROUTE"
 # operand majors (A, B) -> the layout names the dense suite uses
 LAYOUTS = {("k", "n"): "kn", ("k", "k"): "kk", ("m", "n"): "mn", ("m", "k"): "mk"}
 
+
+# With every group expected to receive rows, XLA's expansion of a ragged_m
+# product reads each weight once, as the kernels do, and where its extra
+# FLOPs hide under that weight stream it runs at a plain read's speed, which
+# the kernels do not reach. Measured: Mixtral 8x7B's gate (8 experts) at
+# 16-32 rows on an H100 (2026-12-07) and at 64 rows on the H200
+# (2026-12-03), XLA 1.02-1.09x faster than every kernel, and the H200
+# grouped sweep's two forward products that this adds to the threshold's,
+# 1.2-1.9x; every other case in those runs kept the kernel (docs/performance.md,
+# "Between 2 and 4 rows a group"). The FLOPs at the peak must fit in a third
+# of the stream, as far as those cases reach (0.03-0.31 of it): the
+# expansion's GEMM runs below the peak, and nothing measured beyond. Weights
+# read transposed (B K-major) stay with the kernels, since the sweep's two
+# such input gradients ran 1.1x slower on XLA.
+STREAMED_EXPANSION_EMPTY_GROUPS = 1.0  # at most this many groups expected empty
+STREAMED_EXPANSION_FLOP_SHARE = 1 / 3  # the expansion's FLOP time over its weight stream's
 
 # XLA rewrites a dot whose contraction has one element into an elementwise
 # multiply, which stored bf16 at 1.7 TB/s on the H200 (one run, 2026-12-03,
@@ -163,12 +183,37 @@ def expansion_seconds(call: Call, dev: DeviceInfo) -> float | None:
     return max(2.0 * groups * m * n * k / peak, moved / bandwidth)
 
 
+def streams_like_a_read(call: Call, dev: DeviceInfo) -> str:
+    """Why XLA's expansion of a ragged_m `call` streams each weight once at a
+    plain read's speed, with its FLOPs hidden under the stream (see
+    STREAMED_EXPANSION_EMPTY_GROUPS), or ""."""
+    edge = cost_model.ridge(dev, call.dtype)
+    if edge is None or call.problem != "ragged_m" or call.b_major != "n":
+        return ""
+    _, peak, bandwidth = edge
+    groups = call.count
+    filled = cost_model.expected_filled_groups(call.m, groups)
+    flops_s = 2.0 * groups * call.m * call.n * call.k / peak
+    weights_s = groups * call.k * call.n * tables.DTYPE_BYTES.get(call.dtype, 2) / bandwidth
+    if groups - filled > STREAMED_EXPANSION_EMPTY_GROUPS or flops_s > STREAMED_EXPANSION_FLOP_SHARE * weights_s:
+        return ""
+    return (
+        f"{filled:.1f} of {groups} groups are expected to receive rows, so XLA's dense expansion reads each "
+        f"weight once, and its extra FLOPs ({flops_s * 1e6:.1f} us at the peak) hide under that weight stream "
+        f"({weights_s * 1e6:.1f} us), which it runs at a plain read's speed and the kernels do not "
+        "(measured on Mixtral's 8 experts on an H100 and the H200)"
+    )
+
+
 def xla_ragged_is_faster(call: Call, dev: DeviceInfo, table=None) -> str:
     """Why XLA's ragged_dot should run a grouped `call` instead of the
     grouped kernel, or "" to keep the kernel."""
     entry = rules_for(dev, table)
     if entry is None or entry.grouped is None:
         return ""
+    streamed = streams_like_a_read(call, dev)
+    if streamed:
+        return f"XLA's ragged_dot is expected faster: {streamed}; route='kernel' keeps the kernel"
     seconds = expansion_seconds(call, dev)
     if seconds is None or seconds >= entry.grouped.xla_below_seconds:
         return ""

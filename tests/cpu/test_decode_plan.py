@@ -95,7 +95,7 @@ def test_unpinned_few_row_calls_take_a_decode_row_and_say_why(m, n, k, groups):
 
 
 @needs_decode_rows
-@pytest.mark.parametrize("m, n, k, groups", [(64, 14336, 4096, 8), (256, 1024, 2048, 64), (16384, 4096, 4096, 8)])
+@pytest.mark.parametrize("m, n, k, groups", [(512, 14336, 4096, 8), (256, 1024, 2048, 64), (16384, 4096, 4096, 8)])
 def test_calls_of_more_rows_per_group_keep_the_grouped_gemm(m, n, k, groups):
     plan = _plan(m, n, k, groups)
     assert plan.path == "kernel" and plan.kind != "decode", plan.variant

@@ -65,6 +65,36 @@ def test_small_grouped_calls_go_to_xla_and_say_why():
     assert routing.xla_ragged_is_faster(tiny, H200, bare) == ""
 
 
+H100 = DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", (9, 0), 132, 232448, 50 << 20)
+
+
+@pytest.mark.parametrize("dev", [H100, H200])
+@pytest.mark.parametrize("m", [16, 24, 32, 64])
+def test_few_wide_experts_all_filled_go_to_xla_and_say_why(dev, m):
+    # Mixtral 8x7B's gate: every expert expected to receive rows, the expansion's FLOPs under its weight stream
+    gate = Call("ragged_m", m, 14336, 4096, 8, "k", "n", "bf16", "bf16")
+    why = routing.xla_ragged_is_faster(gate, dev, table(1.0))
+    assert "expected to receive rows" in why and "weight stream" in why and "route='kernel'" in why
+
+
+@pytest.mark.parametrize(
+    "m, n, k, groups, b_major",
+    [
+        (8, 14336, 4096, 8, "n"),  # 2.7 of 8 experts expected empty: the kernels read only the filled ones
+        (512, 14336, 4096, 8, "n"),  # the expansion's FLOPs outlast the weight stream
+        (128, 1024, 2048, 64, "n"),  # OLMoE: 9 of 64 expected empty
+        (256, 768, 2048, 128, "n"),  # Qwen3-30B-A3B: 17 of 128 expected empty
+        (32, 14336, 4096, 8, "k"),  # weights read transposed
+    ],
+)
+def test_calls_with_empty_groups_or_long_expansions_keep_the_kernel(m, n, k, groups, b_major):
+    call = Call("ragged_m", m, n, k, groups, "k", b_major, "bf16", "bf16")
+    assert routing.streams_like_a_read(call, H200) == ""
+    assert routing.xla_ragged_is_faster(call, H200, table(1.0)) == ""
+    wgrad = Call("ragged_k", 4096, 14336, 32, 8, "m", "n", "bf16", "bf16")  # ragged_k: not this rule's
+    assert routing.streams_like_a_read(wgrad, H200) == ""
+
+
 def test_the_fit_picks_the_threshold_that_separates_the_fitting_rows():
     spec = importlib.util.spec_from_file_location("bench_ragged_routing", BENCH)
     bench = importlib.util.module_from_spec(spec)
@@ -110,6 +140,14 @@ def test_a_small_moe_layer_runs_xlas_ragged_dot_and_says_why():
         assert p.path == "xla", p.reason
         assert "XLA's ragged_dot is expected faster" in p.reason and "route='kernel'" in p.reason
         assert "XLA's ragged_dot is expected faster" in p.explain()
+
+
+@needs_kernels
+def test_a_decode_batch_over_few_wide_experts_runs_xlas_ragged_dot_and_says_why():
+    p = plan(32, 14336, 4096, 8)  # Mixtral 8x7B's gate, 16 tokens of top-2
+    assert p.path == "xla" and "expected to receive rows" in p.reason, p.reason
+    assert "weight stream" in p.explain()
+    assert plan(32, 14336, 4096, 8, route="kernel").path == "kernel"
 
 
 @needs_kernels
