@@ -56,7 +56,7 @@ LAYOUTS = {("k", "n"): "kn", ("k", "k"): "kk", ("m", "n"): "mn", ("m", "k"): "mk
 # (2026-12-03), XLA 1.02-1.09x faster than every kernel, and the H200
 # grouped sweep's two forward products that this adds to the threshold's,
 # 1.2-1.9x; every other case in those runs kept the kernel (docs/performance.md,
-# "Between 2 and 4 rows a group"). The FLOPs at the peak must fit in a third
+# "XLA's ragged_dot for fully filled few-expert calls"). The FLOPs at the peak must fit in a third
 # of the stream, as far as those cases reach (0.03-0.31 of it): the
 # expansion's GEMM runs below the peak, and nothing measured beyond. Weights
 # read transposed (B K-major) stay with the kernels, since the sweep's two
