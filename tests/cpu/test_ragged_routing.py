@@ -91,7 +91,10 @@ def test_calls_with_empty_groups_or_long_expansions_keep_the_kernel(m, n, k, gro
     call = Call("ragged_m", m, n, k, groups, "k", b_major, "bf16", "bf16")
     assert routing.streams_like_a_read(call, H200) == ""
     assert routing.xla_ragged_is_faster(call, H200, table(1.0)) == ""
-    wgrad = Call("ragged_k", 4096, 14336, 32, 8, "m", "n", "bf16", "bf16")  # ragged_k: not this rule's
+
+
+def test_weight_gradients_are_not_the_streamed_expansions():
+    wgrad = Call("ragged_k", 4096, 14336, 32, 8, "m", "n", "bf16", "bf16")
     assert routing.streams_like_a_read(wgrad, H200) == ""
 
 
