@@ -27,6 +27,7 @@
 #include "ffi/scaled_gemm_ffi.h"
 #include "ffi/token_tile_ffi.h"
 #include "ffi/weight_block_ffi.h"
+#include "kernels/kept_params.h"
 #endif
 
 namespace nb = nanobind;
@@ -232,6 +233,17 @@ NB_MODULE(_ext, m) {
       },
       "Commands the record stage created and updated, calls it left to XLA's capture, and calls "
       "whose launches it kept from an earlier call with the same buffers.");
+  m.def(
+      "kept_params_counts",
+      [] {
+        KeptParamsCounts c = kept_params_counts();
+        nb::dict out;
+        out["kept"] = c.kept;
+        out["repointed"] = c.repointed;
+        return out;
+      },
+      "Dense launches whose Params were described and kept, and launches made from kept Params "
+      "moved to the call's buffers.");
   m.def("embedded_kernel_images", &embedded_kernel_images,
         "The cubins this extension embeds, each with its SM and kernel names.");
   m.def("variants", &variants, "The compiled variants (rows of the menu).");

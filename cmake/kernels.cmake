@@ -82,7 +82,8 @@ target_sources(_ext PRIVATE ${_jc_table} cc/dispatch/variant_table.cc cc/dispatc
                cc/dispatch/gemm_dispatch.cc cc/ffi/dense_call.cc cc/ffi/gemm_ffi.cc
                cc/ffi/gemm_epilogue_ffi.cc cc/ffi/kernel_image.cc cc/ffi/plan_state.cc
                cc/ffi/ragged_ffi.cc cc/ffi/record_stage.cc cc/ffi/scaled_gemm_ffi.cc
-               cc/ffi/token_tile_ffi.cc cc/ffi/weight_block_ffi.cc cc/kernels/launch_recording.cc)
+               cc/ffi/token_tile_ffi.cc cc/ffi/weight_block_ffi.cc cc/kernels/kept_params.cc
+               cc/kernels/launch_recording.cc)
 foreach(_lib IN LISTS _jc_kernel_libs)
   target_sources(_ext PRIVATE $<TARGET_OBJECTS:${_lib}>)
 endforeach()

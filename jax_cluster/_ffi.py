@@ -89,6 +89,15 @@ def record_counts() -> dict[str, int]:
     return {"created": 0, "updated": 0, "captured": 0, "reused": 0}
 
 
+def kept_params_counts() -> dict[str, int]:
+    """Dense launches whose parameters were described afresh and kept, and
+    launches made from kept parameters moved to the call's buffers, in this
+    process (both zero without kernels)."""
+    if with_kernels():
+        return dict(_ext.kept_params_counts())
+    return {"kept": 0, "repointed": 0}
+
+
 # A no-op target: registering it makes XLA call it, which shows the extension
 # the XLA FFI API it needs to register handlers with a record stage.
 _PROBE_TARGET = "jax_cluster_ffi_api_probe"

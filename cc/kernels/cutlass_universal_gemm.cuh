@@ -24,6 +24,7 @@
 
 #include "common/gemm_problem.h"
 #include "kernels/epilogue_activation.cuh"
+#include "kernels/kept_params.h"
 #include "kernels/launch_recording.h"
 #include "kernels/sm90/work_queue_counter.cuh"
 
@@ -287,10 +288,13 @@ bool workspace_recordable(typename Kernel::Arguments const& args) {
 
 // Checks, initialises the workspace (stream-ordered) and launches one CUTLASS
 // GEMM: the adapter's initialize() and run(), with the function attributes set
-// once. Never synchronises, so it is safe inside CUDA graph capture.
+// once. Never synchronises, so it is safe inside CUDA graph capture. With
+// `kept`, a launch that needs no workspace keeps its Params there under `key`.
 template <class Gemm>
 const char* initialize_and_run(typename Gemm::Arguments const& args, void* workspace,
-                               cudaStream_t stream) {
+                               cudaStream_t stream,
+                               KeptParams<typename Gemm::GemmKernel::Params>* kept = nullptr,
+                               const ParamsKey* key = nullptr) {
   using Kernel = typename Gemm::GemmKernel;
   if (Gemm::can_implement(args) != cutlass::Status::kSuccess)
     return "CUTLASS cannot implement this problem (alignment or shape)";
@@ -305,19 +309,24 @@ const char* initialize_and_run(typename Gemm::Arguments const& args, void* works
   }
   if (Kernel::initialize_workspace(args, workspace, stream, nullptr) != cutlass::Status::kSuccess)
     return "kernel initialisation failed (workspace)";
-  typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
+  const bool no_workspace = Kernel::get_workspace_size(args) == 0;
+  // Kept Params must not point into this call's workspace: they need none.
+  const bool keep = kept != nullptr && no_workspace;
+  typename Kernel::Params params =
+      Kernel::to_underlying_arguments(args, keep ? nullptr : workspace);
   // A dense kernel with no workspace reads and writes global memory only after
   // its griddepcontrol.wait (CUTLASS_ENABLE_GDC_FOR_SM90), so it may start
   // while the kernel before it finishes. A workspace (the work queue's counter,
   // stream-K's partials) is initialised just before the kernel and is read
   // by scheduler code that does not wait; so are the block scales that the
   // blockwise mainloop's auxiliary load warp reads.
-  const bool overlap = !IsPointerArrayKernel<Kernel>::value && !HasAuxiliaryLoad<Kernel>::value &&
-                       Kernel::get_workspace_size(args) == 0;
+  const bool overlap =
+      !IsPointerArrayKernel<Kernel>::value && !HasAuxiliaryLoad<Kernel>::value && no_workspace;
   if (cudaError_t err = launch_kernel<Gemm>(params, overlap, stream); err != cudaSuccess) {
     cudaGetLastError();
     return cudaGetErrorString(err);
   }
+  if (keep) kept->keep(*key, params);
   return nullptr;
 }
 
@@ -364,6 +373,13 @@ struct CutlassUniversalGemm {
                 "variant does not fit in shared memory: lower its stages in variants.json");
   static constexpr bool kHasStreamK =
       ChoosesDecomposition<typename Kernel::TileScheduler::Arguments>::value;
+  // Params that depend on the buffers only through the TMA descriptors of A,
+  // B and D (kernels/kept_params.h); a problem that needs a workspace is
+  // never kept.
+  static constexpr bool kKeepsParams =
+      Kernel::ArchTag::kMinComputeCapability == 90 && !IsPointerArrayKernel<Kernel>::value &&
+      !HasAuxiliaryLoad<Kernel>::value && !Epilogue::kFused && !Operands::kBlockScaled;
+  using Params = typename Kernel::Params;
 
   static typename Gemm::Arguments arguments(const GemmProblem& p, const LaunchChoices& c,
                                             const DeviceSlots& s) {
@@ -424,10 +440,45 @@ struct CutlassUniversalGemm {
       return "this variant has no fused epilogue (bias, activation, C)";
     if (!Operands::has_scales(p)) return "a block-scaled variant needs the scales of A and B";
     if (p.epilogue.beta != 0.0f && p.epilogue.c == nullptr) return "beta is not 0 but C is missing";
-    auto args = arguments(p, c, s);
-    if (Gemm::get_workspace_size(args) > workspace_bytes)
-      return "workspace buffer is smaller than the variant needs";
-    return initialize_and_run<Gemm>(args, workspace, stream);
+    if constexpr (kKeepsParams) {
+      const ParamsKey key = ParamsKey::of(p, c, s);
+      if (const Params* kept = kept_params().find(key)) {
+        Params params = *kept;
+        if (repoint(params, p)) {
+          count_kept_params(true);
+          if (cudaError_t err = launch_kernel<Gemm>(params, /*overlap=*/true, stream);
+              err != cudaSuccess) {
+            cudaGetLastError();
+            return cudaGetErrorString(err);
+          }
+          return nullptr;
+        }
+      }
+      auto args = arguments(p, c, s);
+      if (Gemm::get_workspace_size(args) > workspace_bytes)
+        return "workspace buffer is smaller than the variant needs";
+      return initialize_and_run<Gemm>(args, workspace, stream, &kept_params(), &key);
+    } else {
+      auto args = arguments(p, c, s);
+      if (Gemm::get_workspace_size(args) > workspace_bytes)
+        return "workspace buffer is smaller than the variant needs";
+      return initialize_and_run<Gemm>(args, workspace, stream);
+    }
+  }
+
+  // This kernel's kept Params on this host thread.
+  static KeptParams<Params>& kept_params() {
+    thread_local KeptParams<Params> kept;
+    return kept;
+  }
+
+  // Moves kept Params to the call's buffers (A and B as the kernel reads them).
+  static bool repoint(Params& params, const GemmProblem& p) {
+    return replace_tma_address(params.mainloop.tma_load_a.get_tma_descriptor(),
+                               SwapAB ? p.b : p.a) &&
+           replace_tma_address(params.mainloop.tma_load_b.get_tma_descriptor(),
+                               SwapAB ? p.a : p.b) &&
+           replace_tma_address(params.epilogue.tma_store_d.get_tma_descriptor(), p.d);
   }
 
   static int max_active_clusters(int device_id) {

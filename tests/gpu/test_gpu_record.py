@@ -35,7 +35,8 @@ def prepare(*args):  # what a case does to its inputs outside the jit
     return args
 
 def report(variant, worst):
-    print("RESULT " + json.dumps({"variant": variant, "worst": worst, **_ffi.record_counts()}))
+    counts = {**_ffi.record_counts(), **_ffi.kept_params_counts()}
+    print("RESULT " + json.dumps({"variant": variant, "worst": worst, **counts}))
 """
 
 DENSE = """
@@ -249,3 +250,16 @@ LAUNCH_MODES = {
 def test_overlapped_launches_read_the_kernel_before_them(name, mode):
     got = run_case(name, "1", **LAUNCH_MODES[mode])
     assert got["worst"] < 2e-2, got
+
+
+# A dense kernel without a workspace keeps its launch parameters per problem
+# and moves them to each call's buffers (kernels/kept_params.h); one with a
+# workspace (the work queue's counter) describes every launch afresh.
+@pytest.mark.parametrize("mode", sorted(LAUNCH_MODES))
+def test_dense_launches_move_kept_parameters_to_their_buffers(mode):
+    got = run_case("dense_static", "1", **LAUNCH_MODES[mode])
+    assert got["worst"] < 2e-2, got
+    assert got["kept"] > 0 and got["repointed"] > 0, got
+    queue = run_case("dense_work_queue", "1", **LAUNCH_MODES[mode])
+    assert queue["worst"] < 2e-2, queue
+    assert queue["kept"] == queue["repointed"] == 0, queue
