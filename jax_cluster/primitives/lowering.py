@@ -22,6 +22,7 @@ from jax_cluster.primitives import mx_scales, token_tiles
 from jax_cluster.primitives.activations import activation_fn, apply_epilogue, epilogue_in_dtype
 from jax_cluster.primitives.operands import deinterleave, gemm_dims, ragged_out_shape
 from jax_cluster.primitives.registry import local_primitive
+from jax_cluster.primitives.tiled_ragged import tiled_ragged_k, tiled_ragged_m
 
 
 def lower_kernel_call(ctx, target, plan: Plan, *operands, **attrs):
@@ -229,18 +230,24 @@ def _ragged_abstract_eval(a, b, group_sizes, *, problem, b_major, out_dtype, pla
     return jax.core.ShapedArray(shape, out_dtype)
 
 
-def xla_ragged(a, b, group_sizes, *, problem, b_major, out_dtype, plan, wide=True):
+def xla_ragged(a, b, group_sizes, *, problem, b_major, out_dtype, plan, wide=True, tiled=False):
     """The portable path: lax.ragged_dot_general on the clamped sizes.
 
     `wide`: an fp32 result, cast, as in `xla_gemm`. On a GPU XLA's dense
     expansion accumulates each output in fp32 either way (one group's dot per
     element), and the fp32 result widens the expansion's intermediate: the
     routed MoE products of train_block's small step spent 20.7 against
-    lax.ragged_dot's 15.3 us in that reduction (2026-12-03)."""
+    lax.ragged_dot's 15.3 us in that reduction (2026-12-03).
+    `tiled`: the loop over (row tile, group) pieces instead (tiled_ragged.py),
+    off CUDA, where XLA's expansion costs G times the product."""
     out_shape = ragged_out_shape(a.shape, b.shape, group_sizes.shape[0], problem, b_major)
     if group_sizes.shape[0] == 0:  # no groups: every row is past the last one
         return jnp.zeros(out_shape, out_dtype)
     sizes = clamp_group_sizes(group_sizes, a.shape[0])
+    if tiled and a.shape[0]:
+        if problem == "ragged_m":
+            return tiled_ragged_m(a, b, sizes, b_major=b_major).astype(out_dtype)
+        return tiled_ragged_k(a, b, sizes).astype(out_dtype)
     if problem == "ragged_m":
         contract_b = 1 if b_major == "n" else 2
         dims = lax.RaggedDotDimensionNumbers(
@@ -272,7 +279,7 @@ def _ragged_cuda_lowering(ctx, a, b, group_sizes, *, problem, b_major, out_dtype
 ragged_local_p = local_primitive(
     "jax_cluster_ragged_dot_local",
     abstract_eval=_ragged_abstract_eval,
-    xla_impl=xla_ragged,
+    xla_impl=functools.partial(xla_ragged, tiled=True),
     cuda_lowering=_ragged_cuda_lowering,
 )
 
@@ -291,10 +298,10 @@ def _gated_abstract_eval(a, b, group_sizes, *, b_major, activation, out_dtype, p
     return jax.core.ShapedArray((rows, n // 2), out_dtype)
 
 
-def xla_gated(a, b, group_sizes, *, b_major, activation, out_dtype, plan):
+def xla_gated(a, b, group_sizes, *, b_major, activation, out_dtype, plan, tiled=False):
     """The portable path: the fp32 grouped product, then the gate (what the
     kernel's epilogue does with its fp32 accumulators)."""
-    z = xla_ragged(a, b, group_sizes, problem="ragged_m", b_major=b_major, out_dtype=np.float32, plan=plan)
+    z = xla_ragged(a, b, group_sizes, problem="ragged_m", b_major=b_major, out_dtype=np.float32, plan=plan, tiled=tiled)
     return gate_product(z, activation, out_dtype)
 
 
@@ -310,7 +317,7 @@ def _gated_cuda_lowering(ctx, a, b, group_sizes, *, b_major, activation, out_dty
 gated_local_p = local_primitive(
     "jax_cluster_gated_ragged_dot_local",
     abstract_eval=_gated_abstract_eval,
-    xla_impl=xla_gated,
+    xla_impl=functools.partial(xla_gated, tiled=True),
     cuda_lowering=_gated_cuda_lowering,
 )
 
@@ -324,12 +331,12 @@ def _scaled_ragged_abstract_eval(a, b, scale_a, scale_b, group_sizes, *, problem
     return jax.core.ShapedArray((group_sizes.shape[0], a.shape[0], b.shape[0]), out_dtype)
 
 
-def xla_scaled_ragged(a, b, scale_a, scale_b, group_sizes, *, problem="ragged_m", out_dtype, plan):
+def xla_scaled_ragged(a, b, scale_a, scale_b, group_sizes, *, problem="ragged_m", out_dtype, plan, tiled=False):
     """The portable path: the grouped product of the dequantized operands in
     float32, under the kernels' size rule (and, for ragged_k, their
-    block-aligned rows: primitives/token_tiles.py)."""
+    block-aligned rows: primitives/token_tiles.py). `tiled` as in xla_ragged."""
     if problem == "ragged_k":
-        return _xla_scaled_ragged_k(a, b, scale_a, scale_b, group_sizes, out_dtype)
+        return _xla_scaled_ragged_k(a, b, scale_a, scale_b, group_sizes, out_dtype, tiled)
     rows, n = a.shape[0], b.shape[1]
     if group_sizes.shape[0] == 0:
         return jnp.zeros((rows, n), out_dtype)
@@ -340,6 +347,8 @@ def xla_scaled_ragged(a, b, scale_a, scale_b, group_sizes, *, problem="ragged_m"
     else:
         a32 = a.astype(jnp.float32) * block_scales(scale_a.T, rows, 1)  # scale_a is [rows, K/128]
         b32 = b.astype(jnp.float32) * jax.vmap(lambda s: block_scales(s, n, SCALE_BLOCK))(scale_b)
+    if tiled and rows:
+        return tiled_ragged_m(a32, b32, sizes, b_major="k", precision=lax.Precision.HIGHEST).astype(out_dtype)
     dims = lax.RaggedDotDimensionNumbers((((1,), (2,)), ((), ())), lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
     out = lax.ragged_dot_general(
         a32, b32, sizes, dims, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32
@@ -347,7 +356,7 @@ def xla_scaled_ragged(a, b, scale_a, scale_b, group_sizes, *, problem="ragged_m"
     return out.astype(out_dtype)
 
 
-def _xla_scaled_ragged_k(a, b, scale_a, scale_b, group_sizes, out_dtype):
+def _xla_scaled_ragged_k(a, b, scale_a, scale_b, group_sizes, out_dtype, tiled):
     """A [K', rows] and B [N', rows] in token tiles (scales [rows/128, K'] and
     [rows/128, N'], or MX's in the kernel layout) -> [G, K', N'], each group
     over its block-aligned rows."""
@@ -364,6 +373,9 @@ def _xla_scaled_ragged_k(a, b, scale_a, scale_b, group_sizes, out_dtype):
         return jnp.where(valid[:, None], x32, 0.0)
 
     spans = token_tiles.group_spans(group_sizes, rows)
+    if tiled and rows:
+        out = tiled_ragged_k(rows_of(a, scale_a), rows_of(b, scale_b), spans, precision=lax.Precision.HIGHEST)
+        return out.astype(out_dtype)
     dims = lax.RaggedDotDimensionNumbers((((0,), (0,)), ((), ())), lhs_ragged_dimensions=[0], rhs_group_dimensions=[])
     out = lax.ragged_dot_general(
         rows_of(a, scale_a),
@@ -387,6 +399,6 @@ def _scaled_ragged_cuda_lowering(ctx, a, b, scale_a, scale_b, group_sizes, *, pr
 scaled_ragged_local_p = local_primitive(
     "jax_cluster_scaled_ragged_dot_local",
     abstract_eval=_scaled_ragged_abstract_eval,
-    xla_impl=xla_scaled_ragged,
+    xla_impl=functools.partial(xla_scaled_ragged, tiled=True),
     cuda_lowering=_scaled_ragged_cuda_lowering,
 )
