@@ -239,7 +239,8 @@ def xla_ragged(a, b, group_sizes, *, problem, b_major, out_dtype, plan, wide=Tru
     routed MoE products of train_block's small step spent 20.7 against
     lax.ragged_dot's 15.3 us in that reduction (2026-12-03).
     `tiled`: the loop over (row tile, group) pieces instead (tiled_ragged.py),
-    off CUDA, where XLA's expansion costs G times the product."""
+    on the CPU, where XLA's expansion costs G times the product (a TPU has
+    XLA's own grouped product; a GPU would run the loop's pieces one by one)."""
     out_shape = ragged_out_shape(a.shape, b.shape, group_sizes.shape[0], problem, b_major)
     if group_sizes.shape[0] == 0:  # no groups: every row is past the last one
         return jnp.zeros(out_shape, out_dtype)
@@ -279,7 +280,8 @@ def _ragged_cuda_lowering(ctx, a, b, group_sizes, *, problem, b_major, out_dtype
 ragged_local_p = local_primitive(
     "jax_cluster_ragged_dot_local",
     abstract_eval=_ragged_abstract_eval,
-    xla_impl=functools.partial(xla_ragged, tiled=True),
+    xla_impl=xla_ragged,
+    cpu_impl=functools.partial(xla_ragged, tiled=True),
     cuda_lowering=_ragged_cuda_lowering,
 )
 
@@ -317,7 +319,8 @@ def _gated_cuda_lowering(ctx, a, b, group_sizes, *, b_major, activation, out_dty
 gated_local_p = local_primitive(
     "jax_cluster_gated_ragged_dot_local",
     abstract_eval=_gated_abstract_eval,
-    xla_impl=functools.partial(xla_gated, tiled=True),
+    xla_impl=xla_gated,
+    cpu_impl=functools.partial(xla_gated, tiled=True),
     cuda_lowering=_gated_cuda_lowering,
 )
 
@@ -399,6 +402,7 @@ def _scaled_ragged_cuda_lowering(ctx, a, b, scale_a, scale_b, group_sizes, *, pr
 scaled_ragged_local_p = local_primitive(
     "jax_cluster_scaled_ragged_dot_local",
     abstract_eval=_scaled_ragged_abstract_eval,
-    xla_impl=functools.partial(xla_scaled_ragged, tiled=True),
+    xla_impl=xla_scaled_ragged,
+    cpu_impl=functools.partial(xla_scaled_ragged, tiled=True),
     cuda_lowering=_scaled_ragged_cuda_lowering,
 )

@@ -111,17 +111,20 @@ def _loop_batch_rule(primitive, args, dims, **params):
 
 
 def local_primitive(
-    name: str, *, abstract_eval, xla_impl, cuda_lowering, multiple_results=False, batch_rule=None
+    name: str, *, abstract_eval, xla_impl, cuda_lowering, cpu_impl=None, multiple_results=False, batch_rule=None
 ) -> Primitive:
-    """The one-device primitive of an op: `cuda_lowering` on CUDA, `xla_impl`
-    (jnp code with the same parameters) everywhere else. `batch_rule`, as for
-    partitioned_primitive ("loop": one bind per element of the vmapped axis)."""
+    """The one-device primitive of an op: `cuda_lowering` on CUDA, `cpu_impl`
+    on the CPU where given, `xla_impl` (jnp code with the same parameters)
+    everywhere else. `batch_rule`, as for partitioned_primitive ("loop": one
+    bind per element of the vmapped axis)."""
     primitive = Primitive(name)
     primitive.multiple_results = multiple_results
     # outside jit (eager calls) a bind compiles the one call
     primitive.def_impl(lambda *args, **params: jax.jit(functools.partial(primitive.bind, **params))(*args))
     primitive.def_abstract_eval(abstract_eval)
     mlir.register_lowering(primitive, mlir.lower_fun(xla_impl, multiple_results=multiple_results))
+    if cpu_impl is not None:
+        mlir.register_lowering(primitive, mlir.lower_fun(cpu_impl, multiple_results=multiple_results), platform="cpu")
     mlir.register_lowering(primitive, cuda_lowering, platform="cuda")
     _set_batch_rule(primitive, batch_rule)
     return primitive

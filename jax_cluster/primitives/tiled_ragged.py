@@ -1,12 +1,13 @@
-"""The grouped product off CUDA as a loop over (row tile, group) pieces.
+"""The grouped product on the CPU as a loop over (row tile, group) pieces.
 
 XLA expands `ragged_dot` into one dense product per group, masked: G times
 the work of the grouped product itself (on a CPU, 962 GFLOP of Mixtral's
 8x7B layer cost as much as 7.7 TFLOP). Here the rows are cut at every tile
 boundary and every group boundary; each piece multiplies its tile by its one
 group's matrix and keeps only its own rows. There are at most tiles + G
-pieces, so with tiles of about M / (4G) rows the work is at most 1.25x the
-grouped product's, whatever G is.
+pieces, so with tiles of about M / (4G) rows the pieces hold at most 1.25x
+the product's rows, plus up to 8 a group where tiles of 8 rows (the least)
+are more than M / (4G).
 
 Sizes must already be clamped (lowering.clamp_group_sizes): non-negative,
 summing to at most the rows. Rows past the last group stay zero.

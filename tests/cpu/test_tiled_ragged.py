@@ -1,4 +1,4 @@
-"""The grouped product off CUDA (primitives/tiled_ragged.py): the same result
+"""The grouped product on the CPU (primitives/tiled_ragged.py): the same result
 as XLA's ragged_dot on every kind of group sizes, at a fraction of its work."""
 
 import jax
@@ -54,7 +54,7 @@ def test_the_pieces_do_at_most_a_quarter_more_rows_than_the_product(rows, groups
     assert pieces * tile < groups * rows or groups == 1  # less than XLA's expansion
 
 
-def test_the_public_op_takes_the_tiled_path_off_cuda():
+def test_the_public_op_takes_the_tiled_path_on_the_cpu():
     a = jnp.ones((64, 32), jnp.bfloat16)
     b = jnp.ones((4, 32, 16), jnp.bfloat16)
     sizes = jnp.array([10, 0, 30, 20], jnp.int32)
