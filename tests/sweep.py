@@ -87,7 +87,8 @@ def _matmul_case(rng, i):
     return Case(i, "matmul", f"{label} lead={lead} M={m} N={n} K={k}", run)
 
 
-def _group_sizes(rng, grouping, groups, rows):
+def group_sizes(rng, grouping, groups, rows):
+    """[groups] int32 sizes of `rows` rows under one of GROUPINGS."""
     if grouping == "uniform":
         sizes = np.full(groups, rows // groups)
         sizes[: rows % groups] += 1
@@ -112,7 +113,7 @@ def _ragged_case(rng, i):
     label, dtype, out = DTYPES[rng.integers(2)]  # the grouped kernels write their input dtype
     groups = int(rng.choice((1, 2, 4, 8, 16)))
     rows, n, k = int(rng.choice((64, 256, 1000, 2048))), _dim(rng, 0.1), _dim(rng, 0.1)
-    sizes = _group_sizes(rng, grouping, groups, rows)
+    sizes = group_sizes(rng, grouping, groups, rows)
     lhs = _draw(rng, (rows, k), dtype)
     rhs = _draw(rng, (groups, k, n) if layout == "gkn" else (groups, n, k), dtype)
 
@@ -168,7 +169,7 @@ def _fp8_case(rng, i):
     grouping = str(rng.choice(GROUPINGS))
     layout = str(rng.choice(("gkn", "gnk")))
     groups, blocks = int(rng.choice((1, 4, 8))), int(rng.choice((1, 1, 2))) if rows % 2 == 0 else 1
-    sizes = jnp.stack([_group_sizes(rng, grouping, groups, rows // blocks) for _ in range(blocks)])
+    sizes = jnp.stack([group_sizes(rng, grouping, groups, rows // blocks) for _ in range(blocks)])
     w = jax_cluster.quantize(
         _draw(rng, (groups, k, n) if layout == "gkn" else (groups, n, k), jnp.float32), block=(128, 128)
     )

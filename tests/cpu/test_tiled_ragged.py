@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import sweep
 from jax import lax
 
 import jax_cluster
@@ -15,18 +16,10 @@ _HIGHEST = lax.Precision.HIGHEST
 _RAGGED_K = lax.RaggedDotDimensionNumbers((((0,), (0,)), ((), ())), lhs_ragged_dimensions=[0], rhs_group_dimensions=[])
 
 
-def _sizes(rng, rows, groups, kind):
-    if kind == "uniform":
-        return rng.multinomial(rows, np.ones(groups) / groups)
-    if kind == "skewed":
-        return rng.multinomial(rows, rng.dirichlet(np.full(groups, 0.5)))
-    if kind == "one_hot":
-        sizes = np.zeros(groups, int)
-        sizes[rng.integers(groups)] = rows
-        return sizes
-    if kind == "short":  # the sum under the rows: the rows after the last group stay zero
-        return rng.integers(0, max(rows // groups, 1), groups)
-    return rng.integers(-3, 2 * rows // groups + 3, groups)  # negative sizes, and a sum past the rows
+def _one_hot(rng, rows, groups):
+    sizes = np.zeros(groups, np.int32)
+    sizes[rng.integers(groups)] = rows
+    return jnp.asarray(sizes)
 
 
 @pytest.mark.parametrize("rows,k,n,groups", [(1, 16, 8, 4), (37, 24, 40, 5), (200, 32, 16, 16), (96, 8, 24, 1)])
@@ -38,8 +31,9 @@ def test_every_kind_of_sizes_gives_xla_ragged_dot_result(rows, k, n, groups):
     tiled_gkn = jax.jit(lambda s: tiled_ragged_m(a, b, s, b_major="n", precision=_HIGHEST))
     tiled_gnk = jax.jit(lambda s: tiled_ragged_m(a, jnp.swapaxes(b, 1, 2), s, b_major="k", precision=_HIGHEST))
     tiled_k = jax.jit(lambda s: tiled_ragged_k(a, c, s, precision=_HIGHEST))
-    for kind in ("uniform", "skewed", "one_hot", "short", "wild") * 3:
-        sizes = clamp_group_sizes(jnp.asarray(_sizes(rng, rows, groups, kind), jnp.int32), rows)
+    for kind in (*sweep.GROUPINGS, "one hot") * 3:
+        drawn = _one_hot(rng, rows, groups) if kind == "one hot" else sweep.group_sizes(rng, kind, groups, rows)
+        sizes = clamp_group_sizes(drawn, rows)
         want = lax.ragged_dot(a, b, sizes, precision=_HIGHEST)
         want_k = lax.ragged_dot_general(a, c, sizes, _RAGGED_K, precision=_HIGHEST)
         for got, ref in ((tiled_gkn(sizes), want), (tiled_gnk(sizes), want), (tiled_k(sizes), want_k)):
