@@ -4,12 +4,15 @@ Run by CMake at configure time:
 gen_variants.py MENU_DIR OUT_DIR ARCHS [REGEX [UNIT_SIZE]]
 (MENU_DIR holds tables.py and variants.json: jax_cluster/planning; REGEX, if
 given, keeps only the rows whose name it matches). Rows are
-compiled UNIT_SIZE (default 1) to a translation unit: nvcc's front end costs
-most of a unit's time and barely grows with the rows in it (here one sm90a
-row took 88 s, four rows together 128 s). A unit holds rows of one family,
-kernel kind and clustering only, so every kernel in its cubin owes the same
-SASS contract (tests/test_sass_contract.py). Prints 'ARCH|FILE' lines for
-CMake and rewrites a file only when its text changes.
+compiled UNIT_SIZE (default 1) to a translation unit: nvcc's front end and
+the first instantiation of CUTLASS's common templates cost most of a unit's
+time, which then grows by about 12 s a row (one sm90a row took 98 s, eight
+rows 181 s; one dense and one grouped row together 132 s against 208 s
+apart). A unit holds rows of one arch, of as few kinds as the split allows.
+Each row's kernel carries the row's tag type (rows::NAME) in its symbol, so
+tests/native/test_sass_contract.py checks every kernel against its own row.
+Prints 'ARCH|FILE' lines for CMake and rewrites a file only when its text
+changes.
 """
 
 import pathlib
@@ -43,7 +46,7 @@ def _template(t, v) -> str:
         cluster = f"{v.cluster_m}, {v.cluster_n}, " if t.KINDS[v.kind].get("cluster_in_template") else ""
         kind = GROUPED_EPILOGUE_TEMPLATES.get(v.epilogue) or kind or "GroupedGemm"
         return (
-            f"{ns}::{kind}<{types[v.dtype]}, {types[v.out]}, "
+            f"{ns}::{kind}<rows::{v.name}, {types[v.dtype]}, {types[v.out]}, "
             f"{A_LAYOUT[v.a_major]}, {B_LAYOUT[v.b_major]}, {v.tile_m}, {v.tile_n}, "
             f"{v.tile_k}, {cluster}{v.stages}, RaggedProblem::{problem}>"
         )
@@ -57,40 +60,45 @@ def _template(t, v) -> str:
     if v.swap_ab:
         epilogue = ", PlainEpilogue, true"
     return (
-        f"{ns}::{DENSE_TEMPLATES[v.arch]}<{types[v.dtype]}, {types[v.out]}, {a}, {b}, "
+        f"{ns}::{DENSE_TEMPLATES[v.arch]}<rows::{v.name}, {types[v.dtype]}, {types[v.out]}, {a}, {b}, "
         f"{tm}, {tn}, {v.tile_k}, {cm}, {cn}, {v.stages}, {kind}{epilogue}>"
     )
 
 
 def _instantiation(t, v) -> str:
     return (
-        f"// Names this row's kernel in the cubin for tests/test_sass_contract.py.\n"
-        f"__device__ __attribute__((used)) char jax_cluster_variant_{v.name};\n"
-        f"namespace jax_cluster::generated {{\n"
+        f"namespace jax_cluster {{\n"
+        f"namespace rows {{\n"
+        f"struct {v.name};  // names the row's kernel symbol\n"
+        f"}}  // namespace rows\n"
+        f"namespace generated {{\n"
         f"const VariantOps& ops_{v.name}() {{ return {_template(t, v)}::ops; }}\n"
-        f"}}  // namespace jax_cluster::generated\n"
+        f"}}  // namespace generated\n"
+        f"}}  // namespace jax_cluster\n"
     )
 
 
 def _unit(t, rows) -> str:
-    return (
-        f"// Generated from jax_cluster/planning/variants.json by cc/gen_variants.py.\n"
-        f'#include "{rows[0].header}"\n\n' + "\n".join(_instantiation(t, v) for v in rows)
+    headers = "".join(f'#include "{h}"\n' for h in dict.fromkeys(v.header for v in rows))
+    return f"// Generated from jax_cluster/planning/variants.json by cc/gen_variants.py.\n{headers}\n" + "\n".join(
+        _instantiation(t, v) for v in rows
     )
 
 
 def _units(variants, size: int) -> dict[str, list]:
-    """Rows of one (arch, family, kind, clustered) class, split into units of at
+    """The rows of each arch in menu order grouped by family and kind (rows
+    of a kind share the most template instantiations), split into units of at
     most `size` rows, as even as the split allows."""
-    classes: dict[tuple, list] = {}
+    archs: dict[str, list] = {}
     for v in variants:
-        classes.setdefault((v.arch, v.family, v.kind, v.cluster_size > 1), []).append(v)
+        archs.setdefault(v.arch, []).append(v)
     units = {}
-    for (_, family, kind, clustered), rows in classes.items():
+    for arch, rows in archs.items():
+        kinds = list(dict.fromkeys((v.family, v.kind) for v in rows))
+        rows = sorted(rows, key=lambda v: kinds.index((v.family, v.kind)))
         count = -(-len(rows) // size)
         for i in range(count):
-            name = f"{family}_{kind}{'_clustered' if clustered else ''}_{i}"
-            units[name] = rows[i * len(rows) // count : (i + 1) * len(rows) // count]
+            units[f"{arch}_kernels_{i}"] = rows[i * len(rows) // count : (i + 1) * len(rows) // count]
     return units
 
 

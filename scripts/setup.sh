@@ -32,7 +32,7 @@ mkdir -p build
 set +e
 "$PY" -m pip install -v --no-build-isolation --no-deps -C "cmake.define.JAX_CLUSTER_CUDA=$cuda" \
   -C "cmake.define.JAX_CLUSTER_VARIANTS=${JAX_CLUSTER_VARIANTS:-}" \
-  -C "cmake.define.JAX_CLUSTER_UNIT_SIZE=${JAX_CLUSTER_UNIT_SIZE:-8}" . 2>&1 |
+  -C "cmake.define.JAX_CLUSTER_UNIT_SIZE=${JAX_CLUSTER_UNIT_SIZE:-12}" . 2>&1 |
   tee "$log" | grep --line-buffered -E '\[jax_cluster\]|jax_cluster: '
 status=${PIPESTATUS[0]}
 set -e

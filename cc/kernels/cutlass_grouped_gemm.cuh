@@ -240,7 +240,7 @@ struct PlainGroupedEpilogue {
 // scheduler), kSchedule, kTileStart (whether it reads tile_start), a Launch
 // computed from the problem (fits(), cluster_tile_m, tiles_n) and
 // configure(args, slots, arrays, launch) for the scheduler fields.
-template <class Arch, class ElementAB, class ElementD, class LayoutA, class LayoutB,
+template <class Row, class Arch, class ElementAB, class ElementD, class LayoutA, class LayoutB,
           class TileShape, class ClusterShape, int Stages, class MainloopSchedule, class Epilogue,
           RaggedProblem Problem, class Scheduling, class Operands = GroupedPlainOperands>
 struct CutlassGroupedGemm {
@@ -270,9 +270,9 @@ struct CutlassGroupedGemm {
                 "the mainloop's pipeline has another stage count than the menu row names");
 
   // Grouped kernels take their scheduler from the problem-shape type, not the tag.
-  using Kernel =
-      cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue,
-                                           cutlass::gemm::GroupScheduler>;
+  using Kernel = RowKernel<
+      Row, cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop,
+                                                CollectiveEpilogue, cutlass::gemm::GroupScheduler>>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   static_assert(Kernel::SharedStorageSize <= 227 * 1024,
                 "variant does not fit in shared memory: lower its stages in variants.json");

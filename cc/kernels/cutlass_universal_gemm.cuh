@@ -30,6 +30,14 @@
 
 namespace jax_cluster {
 
+// A CUTLASS kernel named after its menu row (Row: an empty tag type that
+// cc/gen_variants.py declares per row). The kernel is Kernel's own; only its
+// symbol, cutlass::device_kernel<RowKernel<Row, Kernel>>, carries the row's
+// name, so that rows of different kinds can share a build unit and the
+// machine-code checks still tell each row's kernel apart.
+template <class Row, class Kernel>
+struct RowKernel : Kernel {};
+
 // What a variant computes after the mainloop (its menu row's "epilogue").
 struct PlainEpilogue {  // D = A·B; no C operand
   static constexpr bool kFused = false;
@@ -334,7 +342,7 @@ const char* initialize_and_run(typename Gemm::Arguments const& args, void* works
 // N side (wgmma N can be 8..256, while a cooperative M tile is 128). D^T is
 // column-major, which is D row-major; LayoutA/LayoutB and the tile are the
 // swapped problem's, and GemmProblem keeps the caller's (m, n, a, b).
-template <class Arch, class ElementAB, class ElementD, class LayoutA, class LayoutB,
+template <class Row, class Arch, class ElementAB, class ElementD, class LayoutA, class LayoutB,
           class TileShape, class ClusterShape, int Stages, class MainloopSchedule,
           class EpilogueSchedule, class TileScheduler, class Epilogue = PlainEpilogue,
           bool SwapAB = false, class Operands = PlainOperands>
@@ -364,9 +372,9 @@ struct CutlassUniversalGemm {
   static_assert(CollectiveMainloop::DispatchPolicy::Stages == Stages,
                 "the mainloop's pipeline has another stage count than the menu row names");
 
-  using Kernel =
-      cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
-                                           CollectiveEpilogue, TileScheduler>;
+  using Kernel = RowKernel<
+      Row, cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
+                                                CollectiveEpilogue, TileScheduler>>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   static_assert(Kernel::SharedStorageSize <= 227 * 1024,

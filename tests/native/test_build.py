@@ -84,17 +84,24 @@ def test_variant_filter_generates_only_matching_rows(tmp_path):
     assert table.count("&generated::ops_") == len(want)
 
 
-def test_units_hold_rows_of_one_kind(tmp_path):
-    """Rows compiled together share arch, family, kind and clustering (so one
-    SASS contract); every row is compiled exactly once; no unit is too big."""
+def test_units_hold_rows_of_one_arch_each_tagged_with_its_row(tmp_path):
+    """Rows compiled together share an arch (one cubin target) and come in
+    runs of one kind; every row is compiled exactly once, with its own tag
+    type as the kernel's first template argument; no unit is too big."""
     menu = {v.name: v for v in tables.load_menu()}
-    units = generate(tmp_path, "sm90a,sm100f", unit_size=4)
+    units = generate(tmp_path, "sm90a,sm100f", unit_size=12)
     names = [name for rows in units.values() for name in rows]
     assert sorted(names) == sorted(menu)
     for stem, rows in units.items():
-        assert 1 <= len(rows) <= 4, stem
-        assert len({(menu[n].arch, menu[n].family, menu[n].kind, menu[n].cluster_size > 1) for n in rows}) == 1, stem
-    assert len(units) < len(menu) / 2
+        assert 1 <= len(rows) <= 12, stem
+        assert len({menu[n].arch for n in rows}) == 1, stem
+        assert all(f"<rows::{name}, " in template for name, template in rows.items()), stem
+        text = (tmp_path / f"{stem}.cu").read_text()
+        assert all(f"struct {name};" in text for name in rows), stem
+    kinds = [(menu[n].family, menu[n].kind) for n in names]
+    runs = [k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] != k]
+    assert len(runs) == len(set(runs)), "a kind's rows are split across the build"
+    assert len(units) == sum(-(-sum(v.arch == a for v in menu.values()) // 12) for a in ("sm90a", "sm100f"))
     again = generate(tmp_path, "sm90a", unit_size=1)  # a smaller build drops the stale units
     assert {p.stem for p in tmp_path.glob("*.cu")} == set(again)
     with pytest.raises(subprocess.CalledProcessError):

@@ -1,8 +1,8 @@
 """The machine code contract of every compiled variant, read from the built
-extension: each generated instantiation carries a marker symbol naming its
-menu row, so each embedded cubin is matched to the rows compiled into it. A
-cubin holds the rows of one build unit (cc/gen_variants.py), which share one
-contract, so every GEMM kernel in it must satisfy that contract."""
+extension: each row's kernel carries the row's tag type (rows::NAME, from
+cc/gen_variants.py) in its symbol, so every GEMM kernel of every embedded
+cubin is matched to its own menu row and checked against that row's
+contract, whatever other rows share its build unit."""
 
 import re
 import subprocess
@@ -18,7 +18,8 @@ pytestmark = [
     pytest.mark.skipif(sass.cuobjdump() is None, reason="cuobjdump not installed"),
 ]
 
-MARKER = re.compile(r"jax_cluster_variant_(\w+)")
+# jax_cluster::rows::NAME in a mangled kernel name: "4rows", then NAME's length and NAME
+ROW_TAG = re.compile(r"4rows(\d+)")
 FUNCTION = re.compile(r"^\s*Function : (\S+)\s*$", re.MULTILINE)
 GEMM_KERNEL = "_ZN7cutlass13device_kernel"  # the ragged rows' helper kernels are not GEMMs
 DECODE_KERNELS = (  # the CUDA-core decode kernels, plain and block-scaled
@@ -109,10 +110,24 @@ def forbidden(v: tables.Variant) -> dict[str, str]:
     return out
 
 
-def gemm_kernels(sass_text: str) -> list[str]:
-    """The SASS of each GEMM kernel function in one cubin's dump."""
+def gemm_kernels(sass_text: str) -> list[tuple[str, str]]:
+    """(function name, SASS) of each GEMM kernel function in one cubin's dump."""
     parts = FUNCTION.split(sass_text)
-    return [body for name, body in zip(parts[1::2], parts[2::2]) if name.startswith((GEMM_KERNEL, *DECODE_KERNELS))]
+    return [
+        (name, body) for name, body in zip(parts[1::2], parts[2::2]) if name.startswith((GEMM_KERNEL, *DECODE_KERNELS))
+    ]
+
+
+def row_of(function: str) -> str | None:
+    """The menu row a kernel's mangled name carries, or None."""
+    tag = ROW_TAG.search(function)
+    return function[tag.end() : tag.end() + int(tag.group(1))] if tag else None
+
+
+def test_row_of_reads_the_tag_of_a_mangled_name():
+    name = "_ZN7cutlass13device_kernelIN11jax_cluster9RowKernelINS1_4rows9sm90_rowAENS_4gemmEEEEEvNT_6ParamsE"
+    assert row_of(name) == "sm90_rowA"
+    assert row_of("_ZN7cutlass13device_kernelIiEEvv") is None
 
 
 @pytest.fixture(scope="module")
@@ -127,31 +142,28 @@ def cubins(tmp_path_factory) -> list:
 
 @pytest.fixture(scope="module")
 def sass_by_variant(cubins):
-    """Variant name -> the SASS of every GEMM kernel in the cubin it was built into."""
+    """Variant name -> the SASS of its kernels (one per row)."""
     menu = {v.name: v for v in tables.load_menu()}
     found = {}
     for cubin in cubins:
-        elf = sass.run_on(cubin, "-elf")
-        names = sorted(set(MARKER.findall(elf)))
-        if not names:
-            continue
         kernels = gemm_kernels(sass.run_on(cubin, "--dump-sass"))
-        # rows of one GEMM kernel type share its function: the MX ragged_m and
-        # ragged_k rows differ only in how the preparation lays out each group
-        assert 1 <= len(kernels) <= len(names), (cubin.name, names, len(kernels))
+        if not kernels:
+            continue
         # the cubin's machine code target (sm_90a, sm_100f) is the arch of every row in it
-        target = sass.archs(elf)
+        target = sass.archs(sass.run_on(cubin, "-elf"))
         assert len(target) == 1, f"cannot read the target of {cubin.name}"
-        archs = {menu[n].arch for n in names}
-        assert archs == set(target), f"{cubin.name} ({target[0]}) holds rows of {archs}: {names}"
-        contracts = {(tuple(sorted(required(menu[n]))), tuple(sorted(forbidden(menu[n])))) for n in names}
-        assert len(contracts) == 1, f"{cubin.name} mixes rows of different contracts: {names}"
-        found.update(dict.fromkeys(names, kernels))
+        for function, body in kernels:
+            row = row_of(function)
+            assert row in menu, f"{cubin.name}: a GEMM kernel names no menu row: {function[:200]}"
+            assert menu[row].arch == target[0], f"{row} ({menu[row].arch}) compiled for {target[0]}"
+            found.setdefault(row, []).append(body)
     return found
 
 
-def test_every_compiled_variant_has_its_cubin(sass_by_variant):
+def test_every_compiled_variant_has_its_kernel(sass_by_variant):
     assert set(sass_by_variant) == set(_ffi.compiled_variant_names())
+    twice = sorted(name for name, bodies in sass_by_variant.items() if len(bodies) != 1)
+    assert not twice, f"rows with more than one kernel: {twice}"
 
 
 @pytest.mark.parametrize("v", tables.load_menu(), ids=lambda v: v.name)
@@ -186,25 +198,31 @@ def test_fused_activation_branches_once_per_subtile(v, sass_by_variant):
     if v.name not in _ffi.compiled_variant_names():
         pytest.skip(f"{v.arch} not built")
     tables = max(len(re.findall(r"\bBRX\b", text)) for text in sass_by_variant[v.name])
-    assert tables <= MAX_ACTIVATION_JUMP_TABLES, f"{v.name}'s unit: {tables} indirect branches (BRX)"
+    assert tables <= MAX_ACTIVATION_JUMP_TABLES, f"{v.name}: {tables} indirect branches (BRX)"
 
 
 @pytest.mark.parametrize("v", [v for v in tables.load_menu() if v.epilogue == "gated"], ids=lambda v: v.name)
 def test_gated_epilogue_stores_from_registers_with_fast_activations(v, sass_by_variant):
-    """The gated row is its unit's one GEMM kernel without a TMA store (its
-    epilogue writes from registers), its gates run on the special-function
-    unit (MUFU exponentials; the fast division adds no subroutine call over
-    the plain kernels'), and it does not spill."""
+    """The gated row's kernel has no TMA store (its epilogue writes from
+    registers) where the plain grouped ragged_m kernels of its arch and dtype
+    have one, its gates run on the special-function unit (MUFU exponentials;
+    the fast division adds no subroutine call over the plain kernels'), and
+    it does not spill."""
     if v.name not in _ffi.compiled_variant_names():
         pytest.skip(f"{v.arch} not built")
-    kernels = sass_by_variant[v.name]
-    gated = [k for k in kernels if "UTMASTG" not in k]
-    plain = [k for k in kernels if "UTMASTG" in k]
-    assert len(gated) == 1, f"{v.name}'s unit: {len(gated)} kernels without a TMA store"
-    assert len(re.findall(r"\bMUFU\.EX2\b", gated[0])) >= 64, "the gate's exponentials are not on MUFU"
-    calls = len(re.findall(r"\bCALL\b", gated[0]))
-    assert calls <= max((len(re.findall(r"\bCALL\b", k)) for k in plain), default=calls), "slow-path calls"
-    assert not re.search(r"\b(LDL|STL)\b", gated[0]), "the gated kernel spills to local memory"
+    (gated,) = sass_by_variant[v.name]
+    plain = [
+        text
+        for w in tables.load_menu()
+        if (w.family, w.problem, w.dtype, w.epilogue) == (v.family, v.problem, v.dtype, "none")
+        for text in sass_by_variant.get(w.name, [])
+    ]
+    assert plain and all("UTMASTG" in k for k in plain), "the plain grouped kernels store by TMA"
+    assert "UTMASTG" not in gated, f"{v.name} stores D by TMA"
+    assert len(re.findall(r"\bMUFU\.EX2\b", gated)) >= 64, "the gate's exponentials are not on MUFU"
+    calls = len(re.findall(r"\bCALL\b", gated))
+    assert calls <= max(len(re.findall(r"\bCALL\b", k)) for k in plain), "slow-path calls"
+    assert not re.search(r"\b(LDL|STL)\b", gated), "the gated kernel spills to local memory"
 
 
 # The fp8 quantization kernels outside the menu (kernels/*_quantize.cu): one

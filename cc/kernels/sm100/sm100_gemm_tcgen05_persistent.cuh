@@ -40,11 +40,12 @@ struct Static {
   using Scheduler = cutlass::gemm::StaticPersistentScheduler;
 };
 
-template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int MmaM, int MmaN,
-          int MmaK, int ClusterM, int ClusterN, int Stages, class Cta, class Sched,
+// Row: the menu row's tag type (RowKernel in cutlass_universal_gemm.cuh).
+template <class Row, class ElementAB, class ElementD, class LayoutA, class LayoutB, int MmaM,
+          int MmaN, int MmaK, int ClusterM, int ClusterN, int Stages, class Cta, class Sched,
           class Epilogue = PlainEpilogue>
 using GemmTcgen05Persistent =
-    CutlassUniversalGemm<cutlass::arch::Sm100, ElementAB, ElementD, LayoutA, LayoutB,
+    CutlassUniversalGemm<Row, cutlass::arch::Sm100, ElementAB, ElementD, LayoutA, LayoutB,
                          cute::Shape<cute::Int<MmaM>, cute::Int<MmaN>, cute::Int<MmaK>>,
                          cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>, Stages,
                          typename Cta::Mainloop, typename Cta::Epilogue, typename Sched::Scheduler,

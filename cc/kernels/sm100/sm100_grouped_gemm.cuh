@@ -68,26 +68,28 @@ struct ClcScheduling {
 };
 
 // A 2-SM grouped row over a 2x1 cluster on CLC scheduling: MainloopSchedule
-// and Operands say how it reads A and B.
-template <class MainloopSchedule, class Operands, class ElementAB, class ElementD, class LayoutA,
-          class LayoutB, int MmaM, int MmaN, int MmaK, int Stages, RaggedProblem Problem>
+// and Operands say how it reads A and B. Row: the menu row's tag type
+// (RowKernel in cutlass_universal_gemm.cuh).
+template <class Row, class MainloopSchedule, class Operands, class ElementAB, class ElementD,
+          class LayoutA, class LayoutB, int MmaM, int MmaN, int MmaK, int Stages,
+          RaggedProblem Problem>
 using TwoSmGroupedGemm =
-    CutlassGroupedGemm<cutlass::arch::Sm100, ElementAB, ElementD, LayoutA, LayoutB,
+    CutlassGroupedGemm<Row, cutlass::arch::Sm100, ElementAB, ElementD, LayoutA, LayoutB,
                        cute::Shape<cute::Int<MmaM>, cute::Int<MmaN>, cute::Int<MmaK>>,
                        cute::Shape<cute::_2, cute::_1, cute::_1>, Stages, MainloopSchedule,
                        PlainGroupedEpilogue<cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm>,
                        Problem, ClcScheduling<Problem, MmaM, MmaN, /*ClusterM=*/2>, Operands>;
 
-template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int MmaM, int MmaN,
-          int MmaK, int Stages, RaggedProblem Problem>
-using GroupedGemm =
-    TwoSmGroupedGemm<cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmSm100, GroupedPlainOperands,
-                     ElementAB, ElementD, LayoutA, LayoutB, MmaM, MmaN, MmaK, Stages, Problem>;
+template <class Row, class ElementAB, class ElementD, class LayoutA, class LayoutB, int MmaM,
+          int MmaN, int MmaK, int Stages, RaggedProblem Problem>
+using GroupedGemm = TwoSmGroupedGemm<Row, cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmSm100,
+                                     GroupedPlainOperands, ElementAB, ElementD, LayoutA, LayoutB,
+                                     MmaM, MmaN, MmaK, Stages, Problem>;
 
-template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int MmaM, int MmaN,
-          int MmaK, int Stages, RaggedProblem Problem>
+template <class Row, class ElementAB, class ElementD, class LayoutA, class LayoutB, int MmaM,
+          int MmaN, int MmaK, int Stages, RaggedProblem Problem>
 using GroupedMxGemm =
-    TwoSmGroupedGemm<cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmMxf8f6f4Sm100,
+    TwoSmGroupedGemm<Row, cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmMxf8f6f4Sm100,
                      std::conditional_t<Problem == RaggedProblem::kRaggedM, GroupedMxOperands,
                                         GroupedMxTokenOperands>,
                      ElementAB, ElementD, LayoutA, LayoutB, MmaM, MmaN, MmaK, Stages, Problem>;

@@ -64,11 +64,12 @@ struct Pingpong {
   using Operands = PlainOperands;
 };
 
-template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
-          int TileK, int ClusterM, int ClusterN, int Stages, class Kind,
+// Row: the menu row's tag type (RowKernel in cutlass_universal_gemm.cuh).
+template <class Row, class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM,
+          int TileN, int TileK, int ClusterM, int ClusterN, int Stages, class Kind,
           class Epilogue = PlainEpilogue, bool SwapAB = false>
 using GemmWsPersistent =
-    CutlassUniversalGemm<cutlass::arch::Sm90, ElementAB, ElementD, LayoutA, LayoutB,
+    CutlassUniversalGemm<Row, cutlass::arch::Sm90, ElementAB, ElementD, LayoutA, LayoutB,
                          cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>,
                          cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>, Stages,
                          typename Kind::Mainloop, typename Kind::Epilogue, typename Kind::Scheduler,

@@ -54,35 +54,36 @@ using StaticGroupScheduling =
 using CooperativeEpilogue =
     PlainGroupedEpilogue<cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
 
-// The bf16/fp16 rows: CUTLASS's cooperative pointer-array kernel.
-template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
-          int TileK, int ClusterM, int ClusterN, int Stages, RaggedProblem Problem,
+// The bf16/fp16 rows: CUTLASS's cooperative pointer-array kernel. Row: the
+// menu row's tag type (RowKernel in cutlass_universal_gemm.cuh).
+template <class Row, class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM,
+          int TileN, int TileK, int ClusterM, int ClusterN, int Stages, RaggedProblem Problem,
           class Scheduling, class Epilogue = CooperativeEpilogue>
 using CooperativeGroupedGemm =
-    CutlassGroupedGemm<cutlass::arch::Sm90, ElementAB, ElementD, LayoutA, LayoutB,
+    CutlassGroupedGemm<Row, cutlass::arch::Sm90, ElementAB, ElementD, LayoutA, LayoutB,
                        cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>,
                        cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>, Stages,
                        cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative, Epilogue,
                        Problem, Scheduling>;
 
-template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
-          int TileK, int ClusterM, int ClusterN, int Stages, RaggedProblem Problem>
+template <class Row, class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM,
+          int TileN, int TileK, int ClusterM, int ClusterN, int Stages, RaggedProblem Problem>
 using GroupedStaticGemm =
-    CooperativeGroupedGemm<ElementAB, ElementD, LayoutA, LayoutB, TileM, TileN, TileK, ClusterM,
-                           ClusterN, Stages, Problem, StaticGroupScheduling>;
+    CooperativeGroupedGemm<Row, ElementAB, ElementD, LayoutA, LayoutB, TileM, TileN, TileK,
+                           ClusterM, ClusterN, Stages, Problem, StaticGroupScheduling>;
 
-template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
-          int TileK, int Stages, RaggedProblem Problem>
-using GroupedGemm = CooperativeGroupedGemm<ElementAB, ElementD, LayoutA, LayoutB, TileM, TileN,
+template <class Row, class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM,
+          int TileN, int TileK, int Stages, RaggedProblem Problem>
+using GroupedGemm = CooperativeGroupedGemm<Row, ElementAB, ElementD, LayoutA, LayoutB, TileM, TileN,
                                            TileK, 1, 1, Stages, Problem, WorkQueueScheduling>;
 
 // The gated rows: the work-queue kernel whose epilogue writes act(gate) * up
 // (sm90_gated_epilogue.cuh) straight from the accumulators.
-template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
-          int TileK, int Stages, RaggedProblem Problem>
+template <class Row, class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM,
+          int TileN, int TileK, int Stages, RaggedProblem Problem>
 using GroupedGatedGemm =
-    CooperativeGroupedGemm<ElementAB, ElementD, LayoutA, LayoutB, TileM, TileN, TileK, 1, 1, Stages,
-                           Problem, WorkQueueScheduling, GatedGroupedEpilogue>;
+    CooperativeGroupedGemm<Row, ElementAB, ElementD, LayoutA, LayoutB, TileM, TileN, TileK, 1, 1,
+                           Stages, Problem, WorkQueueScheduling, GatedGroupedEpilogue>;
 
 // fp8 with float32 block scales: CUTLASS's blockwise-scaled array mainloop on
 // the same work queue, ragged_m (the forward, d_input) with 128x128 weight
@@ -90,10 +91,10 @@ using GroupedGatedGemm =
 // auxiliary scale-load warp counts among the scheduler pipeline's consumers
 // in CUTLASS's array kernel, unlike the dense kernel's
 // (sm90_gemm_ws_persistent.cuh).
-template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
-          int TileK, int Stages, RaggedProblem Problem>
+template <class Row, class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM,
+          int TileN, int TileK, int Stages, RaggedProblem Problem>
 using GroupedBlockwiseGemm =
-    CutlassGroupedGemm<cutlass::arch::Sm90, ElementAB, ElementD, LayoutA, LayoutB,
+    CutlassGroupedGemm<Row, cutlass::arch::Sm90, ElementAB, ElementD, LayoutA, LayoutB,
                        cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>,
                        cute::Shape<cute::_1, cute::_1, cute::_1>, Stages,
                        cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise,

@@ -279,7 +279,8 @@ __device__ void stream_item(const Args& p, int group, int row0, int count, int t
                                                            stage, partial);
 }
 
-template <class T, class D, int TileM, int TileN, int Warps, int Stages, int Splits>
+// Row: the menu row's tag type, which names the kernel's symbol after its row.
+template <class Row, class T, class D, int TileM, int TileN, int Warps, int Stages, int Splits>
 __global__ void __launch_bounds__(Warps * 32, 2) ragged_decode_kernel(Args p) {
   static_assert(TileN == 32 * kColumnsPerLane, "a warp's lanes cover the tile's columns");
   static_assert(TileM == 1 || TileM == 2 || TileM == 4 || TileM == 8, "rows per item");
@@ -423,9 +424,9 @@ const char* launch_items(Kernel kernel, const GemmProblem& p, int tile_m, int ti
 
 // The menu row: TileM rows per item, TileN columns, TileK warps (each one
 // row of B per step), Stages loads in flight per lane, a cluster of
-// ClusterM CTAs splitting K.
-template <class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM, int TileN,
-          int TileK, int ClusterM, int ClusterN, int Stages, RaggedProblem Problem>
+// ClusterM CTAs splitting K. Row: the menu row's tag type.
+template <class Row, class ElementAB, class ElementD, class LayoutA, class LayoutB, int TileM,
+          int TileN, int TileK, int ClusterM, int ClusterN, int Stages, RaggedProblem Problem>
 struct RaggedDecode {
   static_assert(Problem == RaggedProblem::kRaggedM, "decode rows are ragged_m");
   static_assert(std::is_same_v<LayoutA, cutlass::layout::RowMajor> &&
@@ -434,8 +435,8 @@ struct RaggedDecode {
   static_assert(ClusterN == 1 && ClusterM <= 8, "a portable cluster of CTAs along K");
   static constexpr int kThreads = TileK * 32;
 
-  static constexpr auto kernel =
-      &decode::ragged_decode_kernel<ElementAB, ElementD, TileM, TileN, TileK, Stages, ClusterM>;
+  static constexpr auto kernel = &decode::ragged_decode_kernel<Row, ElementAB, ElementD, TileM,
+                                                               TileN, TileK, Stages, ClusterM>;
 
   static constexpr int kDynamicSmem = (TileK + 2) * TileM * TileN * sizeof(float);
 

@@ -177,7 +177,7 @@ __device__ void stream_item(const Args& args, int group, int row0, int count, in
     }
 }
 
-template <class D, int TileM, int TileN, int Stages, int Splits>
+template <class Row, class D, int TileM, int TileN, int Stages, int Splits>
 __global__ void __launch_bounds__(kThreads, 2) ragged_decode_blockwise_kernel(Args args) {
   static_assert(TileN % (kWarps * kColumnsPerStep) == 0, "whole columns for every lane");
   static_assert(TileM == 4 || TileM == 8, "rows per item, read four at a time");
@@ -230,15 +230,17 @@ __global__ void __launch_bounds__(kThreads, 2) ragged_decode_blockwise_kernel(Ar
 // columns (eight warps, four columns each a step, TileN / 32 columns a lane),
 // TileK = one scale block, Stages scale blocks of every column in flight per
 // lane, a cluster of ClusterM CTAs splitting K.
-template <class ElementD, int TileM, int TileN, int TileK, int ClusterM, int ClusterN, int Stages>
-struct RaggedDecode<cutlass::float_e4m3_t, ElementD, cutlass::layout::RowMajor,
+template <class Row, class ElementD, int TileM, int TileN, int TileK, int ClusterM, int ClusterN,
+          int Stages>
+struct RaggedDecode<Row, cutlass::float_e4m3_t, ElementD, cutlass::layout::RowMajor,
                     cutlass::layout::ColumnMajor, TileM, TileN, TileK, ClusterM, ClusterN, Stages,
                     RaggedProblem::kRaggedM> {
   static_assert(TileK == decode_blockwise::kBlock, "a K step is one scale block");
   static_assert(ClusterN == 1 && ClusterM <= 8, "a portable cluster of CTAs along K");
   static constexpr int kThreads = decode_blockwise::kThreads;
   static constexpr auto kernel =
-      &decode_blockwise::ragged_decode_blockwise_kernel<ElementD, TileM, TileN, Stages, ClusterM>;
+      &decode_blockwise::ragged_decode_blockwise_kernel<Row, ElementD, TileM, TileN, Stages,
+                                                        ClusterM>;
 
   static const char* run(const GemmProblem& p, const LaunchChoices& c, const DeviceSlots& s, void*,
                          size_t, cudaStream_t stream) {
